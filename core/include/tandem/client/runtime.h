@@ -1,0 +1,151 @@
+// The client runtime shared by both front ends: the list of servers and their devices,
+// one Session per server, batching of asynchronous commands, matching of replies, and
+// bulk transfers. No CUDA or OpenCL headers here: front ends translate to their API.
+//
+// Threading: any application thread may post or call. One receiver thread per process
+// reads every reply and runs reply callbacks; callbacks must not block on the network.
+// Asynchronous commands are queued and sent as one batch at the next sync point, at an
+// explicit Flush(), when the batch grows large, or at the latest ~1 ms later.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "tandem/fabric/fabric.h"
+#include "tandem/ir/codec.h"
+#include "tandem/status.h"
+
+namespace tandem::client {
+
+using Millis = std::chrono::milliseconds;
+using RawReplyFn = std::function<void(const Status& status, std::span<const uint8_t> fields)>;
+template <class Rep>
+using ReplyFn = std::function<void(const Status& status, Rep&& reply)>;
+
+class Session;
+
+// One remote device as a front end sees it.
+struct Device {
+  uint32_t index = 0;         // position in Runtime::Devices(api)
+  Session* session = nullptr;
+  uint32_t remote_index = 0;  // the device's index on its server: the `device` field of commands
+  ir::DeviceInfoRep info;     // api mask, name, platform, backend-defined properties
+  // The value of a property, or nullptr when the server did not report it.
+  const ir::bytes* Prop(uint32_t key) const;
+  template <class T>
+  bool PropAs(uint32_t key, T* out) const {
+    const ir::bytes* b = Prop(key);
+    if (!b || b->size() != sizeof(T)) return false;
+    std::memcpy(out, b->data(), sizeof(T));
+    return true;
+  }
+};
+
+class Session {
+ public:
+  virtual ~Session() = default;
+  virtual const std::string& server() const = 0;  // "host:port" as given in TANDEM_SERVERS
+  virtual const std::string& backend() const = 0;
+
+  // Queues a command. With a reply function, the server answers it and `fn` runs on the
+  // receiver thread; without, failures come back as deferred errors at the next sync.
+  virtual uint64_t PostRaw(uint16_t opcode, std::vector<uint8_t> payload, RawReplyFn fn) = 0;
+  // Sends what is queued.
+  virtual Status Flush() = 0;
+  // Flushes, then waits for the reply to `seq` (which must have been posted with a reply fn
+  // by CallRaw). Used by Call().
+  virtual Status CallRaw(uint16_t opcode, std::vector<uint8_t> payload, std::vector<uint8_t>* reply_fields) = 0;
+
+  // Registers client memory so the server can reach it by RMA (nullptr result if the
+  // transport has no RMA: callers then send data inline in pieces).
+  virtual Result<std::unique_ptr<fabric::MemoryRegion>> Register(const void* addr, size_t len, uint32_t access) = 0;
+  virtual bool rma() const = 0;
+
+  // Errors of asynchronous commands that the server reported and nobody has taken yet.
+  virtual std::vector<ir::AsyncError> TakeAsyncErrors() = 0;
+  // Not ok once the server or the link is lost for good.
+  virtual Status health() const = 0;
+
+  template <class Req>
+  uint64_t Post(const Req& req) {
+    return PostRaw(static_cast<uint16_t>(Req::kOpcode), Encode(req), nullptr);
+  }
+  template <class Req>
+  uint64_t Post(const Req& req, ReplyFn<typename Req::Reply> fn) {
+    return PostRaw(static_cast<uint16_t>(Req::kOpcode), Encode(req),
+                   [fn = std::move(fn)](const Status& st, std::span<const uint8_t> fields) {
+                     typename Req::Reply rep{};
+                     Status s = st;
+                     if (s.ok()) {
+                       ir::Reader r(fields);
+                       if (!ir::Get(r, &rep) || r.remaining())
+                         s = Status::Protocol(std::string("malformed reply to ") + std::string(Req::kName));
+                     }
+                     fn(s, std::move(rep));
+                   });
+  }
+  template <class Req>
+  Result<typename Req::Reply> Call(const Req& req) {
+    std::vector<uint8_t> fields;
+    Status st = CallRaw(static_cast<uint16_t>(Req::kOpcode), Encode(req), &fields);
+    if (!st.ok()) return st;
+    typename Req::Reply rep{};
+    ir::Reader r(fields);
+    if (!ir::Get(r, &rep) || r.remaining())
+      return Status::Protocol(std::string("malformed reply to ") + std::string(Req::kName));
+    return rep;
+  }
+
+ private:
+  template <class Req>
+  static std::vector<uint8_t> Encode(const Req& req) {
+    std::vector<uint8_t> out;
+    ir::Writer w(&out);
+    ir::Put(w, req);
+    return out;
+  }
+};
+
+class Runtime {
+ public:
+  // The process-wide runtime. The first call connects to TANDEM_SERVERS (never call it
+  // from a static constructor: CUDA registration must not block on the network).
+  static Runtime& Get();
+  virtual ~Runtime() = default;
+
+  // Ok if at least one server answered; otherwise why none did.
+  virtual Status status() const = 0;
+  // Every device that speaks `api`, in TANDEM_SERVERS order, then server order.
+  virtual std::vector<Device*> Devices(Api api) = 0;
+  // A fresh 64-bit handle, unique in this process.
+  virtual uint64_t NewHandle() = 0;
+  // Sends everything queued on every session.
+  virtual void FlushAll() = 0;
+  // Ends every session cleanly (Goodbye); called at exit.
+  virtual void Shutdown() = 0;
+};
+
+// ---- bulk helpers used by both front ends -----------------------------------------------
+
+// Writes host memory into a buffer. Small writes travel inline; large ones by RMA from
+// `src` (registered for the duration). With blocking, returns once `src` may be reused;
+// otherwise `src` must stay valid until `done` runs (done may be empty).
+Status WriteBuffer(Session& s, ir::BufferWriteReq req, const void* src, bool blocking,
+                   std::function<void(const Status&)> done = {});
+// Reads a buffer range into host memory. With blocking, returns when `dst` holds the data;
+// otherwise `done` runs (on the receiver thread) once it does.
+Status ReadBuffer(Session& s, ir::BufferReadReq req, void* dst, bool blocking,
+                  std::function<void(const Status&)> done = {});
+
+// Parses TANDEM_SERVERS ("host:port[,host:port...]"). Exposed for tests and `tandem info`.
+std::vector<std::string> ParseServerList(const std::string& list);
+// The auth token from TANDEM_TOKEN or the file named by TANDEM_TOKEN_FILE ("" if none).
+std::string TokenFromEnv();
+
+}  // namespace tandem::client

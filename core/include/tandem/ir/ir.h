@@ -1,0 +1,166 @@
+// Everything about a command is generated here from the table in commands.def:
+// the Opcode enum, NameReq / NameRep structs, their field visitors (used by the codec and
+// the trace), per-command traits and the table of names and flags.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tandem/ir/commands.def"
+
+namespace tandem::ir {
+
+inline constexpr uint32_t kMagic = 0x4D444E54;  // "TNDM" little-endian
+inline constexpr uint32_t kProtocolVersion = 1;
+inline constexpr uint64_t kFeatureRma = 1u << 0;      // client offers RMA regions for bulk data
+inline constexpr uint64_t kFeatureOpenCL = 1u << 1;
+inline constexpr uint64_t kFeatureCuda = 1u << 2;
+
+// Limits every decoder enforces (a message above them is refused, not allocated).
+inline constexpr uint32_t kMaxString = 1u << 20;        // 1 MiB (build logs, sources)
+inline constexpr uint32_t kMaxBytes = 256u << 20;       // inline data / module images
+inline constexpr uint32_t kMaxListItems = 1u << 16;
+inline constexpr size_t kInlineDataLimit = 64 * 1024;   // above this, bulk data goes by RMA
+
+// ---- field types ---------------------------------------------------------------------
+using u8 = uint8_t;
+using u16 = uint16_t;
+using u32 = uint32_t;
+using u64 = uint64_t;
+using i32 = int32_t;
+using i64 = int64_t;
+using f64 = double;
+using str = std::string;
+using bytes = std::vector<uint8_t>;
+using u64s = std::vector<uint64_t>;
+using i32s = std::vector<int32_t>;
+
+#define TANDEM_UNPAREN(...) __VA_ARGS__
+
+// ---- nested structs: declared in table order, each may use the ones before it ---------
+struct Prop;
+struct Region;
+struct ParamInfo;
+struct FunctionInfo;
+struct LaunchArg;
+struct AsyncError;
+using props = std::vector<Prop>;
+using params = std::vector<ParamInfo>;
+using args = std::vector<LaunchArg>;
+using funcs = std::vector<FunctionInfo>;
+using region = Region;
+using func = FunctionInfo;
+
+#define F(type, name) type name{};
+#define S(Name, fields) \
+  struct Name {         \
+    TANDEM_UNPAREN fields \
+  };
+TANDEM_IR_STRUCTS(S)
+#undef S
+
+// ---- opcodes ---------------------------------------------------------------------------
+enum class Opcode : uint16_t {
+#define X(op, Name, flags, req, rep) k##Name = op,
+  TANDEM_IR_COMMANDS(X)
+#undef X
+};
+
+enum Flags : uint32_t {
+  kNeedsReply = 1u << 0,
+  kAsync = 1u << 1,
+  kBulk = 1u << 2,
+  kWritesDevice = 1u << 3,
+  kLogged = 1u << 4,
+  kBroker = 1u << 5,
+};
+
+// ---- request / reply structs -------------------------------------------------------------
+#define X(op, Name, flags_, req, rep)                                      \
+  struct Name##Rep {                                                       \
+    TANDEM_UNPAREN rep                                                     \
+  };                                                                       \
+  struct Name##Req {                                                       \
+    static constexpr Opcode kOpcode = Opcode::k##Name;                     \
+    static constexpr uint32_t kFlags = (flags_);                           \
+    static constexpr std::string_view kName = #Name;                       \
+    using Reply = Name##Rep;                                               \
+    TANDEM_UNPAREN req                                                     \
+  };
+TANDEM_IR_COMMANDS(X)
+#undef X
+#undef F
+
+// ---- field visitors: v(field, "name") for each field, in wire order ----------------------
+#define F(type, name) v(s.name, #name);
+#define S(Name, fields)                          \
+  template <class V>                             \
+  void VisitFields(Name& s, V& v) {              \
+    TANDEM_UNPAREN fields                        \
+  }                                              \
+  template <class V>                             \
+  void VisitFields(const Name& s, V& v) {        \
+    TANDEM_UNPAREN fields                        \
+  }
+TANDEM_IR_STRUCTS(S)
+#undef S
+#define X(op, Name, flags, req, rep)                                          \
+  template <class V>                                                          \
+  void VisitFields([[maybe_unused]] Name##Req& s, [[maybe_unused]] V& v) {    \
+    TANDEM_UNPAREN req                                                        \
+  }                                                                           \
+  template <class V>                                                          \
+  void VisitFields([[maybe_unused]] const Name##Req& s, [[maybe_unused]] V& v) { \
+    TANDEM_UNPAREN req                                                        \
+  }                                                                           \
+  template <class V>                                                          \
+  void VisitFields([[maybe_unused]] Name##Rep& s, [[maybe_unused]] V& v) {    \
+    TANDEM_UNPAREN rep                                                        \
+  }                                                                           \
+  template <class V>                                                          \
+  void VisitFields([[maybe_unused]] const Name##Rep& s, [[maybe_unused]] V& v) { \
+    TANDEM_UNPAREN rep                                                        \
+  }
+TANDEM_IR_COMMANDS(X)
+#undef X
+#undef F
+
+// ---- the command table at run time (names and flags by opcode) --------------------------
+struct CommandInfo {
+  Opcode opcode;
+  std::string_view name;
+  uint32_t flags;
+};
+inline constexpr CommandInfo kCommands[] = {
+#define X(op, Name, flags, req, rep) {Opcode::k##Name, #Name, (flags)},
+    TANDEM_IR_COMMANDS(X)
+#undef X
+};
+inline constexpr size_t kCommandCount = sizeof(kCommands) / sizeof(kCommands[0]);
+
+// Returns nullptr for an opcode the table does not know.
+const CommandInfo* FindCommand(uint16_t opcode);
+std::string_view CommandName(uint16_t opcode);
+
+// Calls f.template operator()<NameReq>() for every command (used to build dispatch tables).
+template <class Fn>
+void ForEachCommand(Fn&& f) {
+#define X(op, Name, flags, req, rep) f.template operator()<Name##Req>();
+  TANDEM_IR_COMMANDS(X)
+#undef X
+}
+
+// ---- API-neutral enums carried in fields --------------------------------------------------
+enum class ArgKind : uint32_t { kBytes = 0, kBuffer = 1, kLocal = 2, kNullBuffer = 3 };
+enum class ParamKind : uint32_t { kValue = 0, kGlobal = 1, kLocal = 2, kConstant = 3, kSampler = 4, kImage = 5 };
+enum class ModuleKind : uint32_t { kOpenCLSource = 1, kOpenCLBinary = 2, kCudaImage = 3 };
+enum StreamFlags : uint32_t { kStreamProfiling = 1, kStreamOutOfOrder = 2, kStreamNonBlocking = 4 };
+enum EventFlags : uint32_t { kEventUser = 1, kEventTiming = 2, kEventBlockingSync = 4 };
+// Event status values follow OpenCL's (CL_COMPLETE = 0 ... CL_QUEUED = 3; negative = error).
+enum EventStatus : int32_t { kEventComplete = 0, kEventRunning = 1, kEventSubmitted = 2, kEventQueued = 3 };
+enum BufferFlags : uint64_t { kBufferReadOnly = 1, kBufferWriteOnly = 2, kBufferHostAccessible = 4 };
+
+}  // namespace tandem::ir

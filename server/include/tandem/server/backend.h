@@ -1,0 +1,56 @@
+// The interface between a session worker and the API that runs its commands.
+// One virtual per IR command is generated from the table; a backend overrides what it
+// supports and the rest answer kUnimplemented. Backends are registered explicitly
+// (MakeOpenCLBackend, MakeCudaBackend), never by static initialisers.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "tandem/ir/ir.h"
+#include "tandem/status.h"
+
+namespace tandem::server {
+
+// Moves bulk data between the client's registered memory and the server, in chunks,
+// so that a 256 MiB copy needs only a few staging chunks. Implemented by the worker over
+// fabric RMA; the backend supplies the per-chunk device copy.
+class BulkIO {
+ public:
+  virtual ~BulkIO() = default;
+  // Reads `len` bytes of the client's region; calls sink(chunk, offset, n) in order.
+  virtual Status Pull(const ir::Region& remote, size_t len,
+                      const std::function<Status(const uint8_t* chunk, size_t offset, size_t n)>& sink) = 0;
+  // Fills chunks with source(chunk, offset, n) and writes them to the client's region.
+  virtual Status Push(const ir::Region& remote, size_t len,
+                      const std::function<Status(uint8_t* chunk, size_t offset, size_t n)>& source) = 0;
+};
+
+struct BackendOptions {
+  std::string devices;  // optional filter: comma-separated device indices of this backend
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;  // "opencl (Portable Computing Language)", "cuda"
+  virtual uint32_t device_count() const = 0;
+  void set_bulk(BulkIO* bulk) { bulk_ = bulk; }
+
+#define X(op, Name, flags, req, rep)                                   \
+  virtual Status On##Name(const ir::Name##Req&, ir::Name##Rep*) {      \
+    return Status(Code::kUnimplemented, #Name " is not supported by the " + name() + " backend"); \
+  }
+  TANDEM_IR_COMMANDS(X)
+#undef X
+
+ protected:
+  BulkIO* bulk_ = nullptr;
+};
+
+// nullptr + status when the API or its devices are missing.
+Result<std::unique_ptr<Backend>> MakeOpenCLBackend(const BackendOptions& options);
+Result<std::unique_ptr<Backend>> MakeCudaBackend(const BackendOptions& options);
+
+}  // namespace tandem::server
