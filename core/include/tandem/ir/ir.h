@@ -47,12 +47,10 @@ struct ParamInfo;
 struct FunctionInfo;
 struct LaunchArg;
 struct AsyncError;
-using props = std::vector<Prop>;
-using params = std::vector<ParamInfo>;
-using args = std::vector<LaunchArg>;
-using funcs = std::vector<FunctionInfo>;
-using region = Region;
-using func = FunctionInfo;
+using PropList = std::vector<Prop>;
+using ParamList = std::vector<ParamInfo>;
+using ArgList = std::vector<LaunchArg>;
+using FuncList = std::vector<FunctionInfo>;
 
 #define F(type, name) type name{};
 #define S(Name, fields) \
