@@ -1,0 +1,254 @@
+// The process-wide client runtime: connects to every server of TANDEM_SERVERS, opens one
+// session each, learns their devices, and runs the receiver thread.
+#include "tandem/client/runtime.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "session.h"
+#include "tandem/log.h"
+
+namespace tandem::client {
+
+const ir::bytes* Device::Prop(uint32_t key) const {
+  for (const auto& p : info.props)
+    if (p.key == key) return &p.value;
+  return nullptr;
+}
+
+std::vector<std::string> ParseServerList(const std::string& list) {
+  std::vector<std::string> out;
+  std::stringstream ss(list);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    item.erase(0, item.find_first_not_of(" \t"));
+    item.erase(item.find_last_not_of(" \t") + 1);
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+std::string TokenFromEnv() {
+  if (const char* t = std::getenv("TANDEM_TOKEN")) return t;
+  if (const char* f = std::getenv("TANDEM_TOKEN_FILE")) {
+    std::ifstream in(f);
+    std::string token;
+    std::getline(in, token);
+    if (!in && token.empty()) log::Error("cannot read TANDEM_TOKEN_FILE {}", f);
+    return token;
+  }
+  return "";
+}
+
+namespace {
+
+std::chrono::milliseconds EnvMillis(const char* name, long fallback) {
+  const char* v = std::getenv(name);
+  long ms = v ? std::strtol(v, nullptr, 10) : 0;
+  return std::chrono::milliseconds(ms > 0 ? ms : fallback);
+}
+
+std::string ClientName() {
+  std::ifstream in("/proc/self/comm");
+  std::string name;
+  std::getline(in, name);
+  return name + "[" + std::to_string(getpid()) + "]";
+}
+
+class RuntimeImpl final : public Runtime {
+ public:
+  RuntimeImpl() { Init(); }
+
+  Status status() const override { return status_; }
+
+  std::vector<Device*> Devices(Api api) override {
+    std::vector<Device*> out;
+    for (auto& d : devices_)
+      if (d->info.api & static_cast<uint32_t>(api)) out.push_back(d.get());
+    return out;
+  }
+
+  uint64_t NewHandle() override { return next_handle_.fetch_add(1, std::memory_order_relaxed); }
+
+  void FlushAll() override {
+    for (auto& s : sessions_) s->Flush();
+  }
+
+  void Shutdown() override {
+    for (auto& s : sessions_) {
+      if (!s->health().ok()) continue;
+      s->Post(ir::GoodbyeReq{});
+      s->Flush();
+    }
+  }
+
+ private:
+  void Init();
+  Status Connect(const std::string& server);
+  template <class Req>
+  Result<typename Req::Reply> Exchange(fabric::PeerId peer, const Req& req, const std::string& server);
+  void ReceiveLoop();
+
+  Status status_;
+  std::unique_ptr<fabric::Endpoint> ep_;
+  std::vector<std::unique_ptr<SessionImpl>> sessions_;
+  std::vector<std::unique_ptr<Device>> devices_;
+  std::atomic<uint64_t> next_handle_{1};
+  std::thread receiver_;
+  std::chrono::milliseconds connect_timeout_ = EnvMillis("TANDEM_CONNECT_TIMEOUT_MS", 5000);
+};
+
+void RuntimeImpl::Init() {
+  const char* list = std::getenv("TANDEM_SERVERS");
+  std::vector<std::string> servers = ParseServerList(list ? list : "");
+  if (servers.empty()) {
+    status_ = Status::Invalid("TANDEM_SERVERS is not set: no Tandem servers to use");
+    return;
+  }
+  auto ep = fabric::Endpoint::Open(fabric::Options{});
+  if (!ep.ok()) {
+    status_ = ep.status();
+    log::Error("cannot open the fabric endpoint ({}): {}", fabric::ProviderFromEnv(), status_.message());
+    return;
+  }
+  ep_ = std::move(ep).value();
+
+  std::string failures;
+  for (const auto& s : servers) {
+    Status st = Connect(s);
+    if (!st.ok()) {
+      log::Error("cannot use server {}: {}", s, st.message());
+      failures += (failures.empty() ? "" : "; ") + s + ": " + st.message();
+    }
+  }
+  if (sessions_.empty()) {
+    status_ = Status(Code::kLinkLost, "no Tandem server answered (" + failures + ")");
+    return;
+  }
+  receiver_ = std::thread([this] { ReceiveLoop(); });
+  receiver_.detach();  // the runtime lives until the process ends
+
+  // Learn every device, pipelined per session.
+  for (auto& s : sessions_) {
+    for (uint32_t i = 0; i < s->device_count_hint; ++i) {
+      auto info = s->Call(ir::DeviceInfoReq{.index = i});
+      if (!info.ok()) {
+        log::Error("{}: device {}: {}", s->server(), i, info.status().message());
+        continue;
+      }
+      auto d = std::make_unique<Device>();
+      d->session = s.get();
+      d->remote_index = i;
+      d->info = std::move(info).value();
+      devices_.push_back(std::move(d));
+    }
+  }
+  // Index each device within the list of its API.
+  for (Api api : {Api::kOpenCL, Api::kCuda}) {
+    uint32_t n = 0;
+    for (auto& d : devices_)
+      if (d->info.api & static_cast<uint32_t>(api)) d->index = n++;
+  }
+  std::atexit([] { Runtime::Get().Shutdown(); });
+}
+
+template <class Req>
+Result<typename Req::Reply> RuntimeImpl::Exchange(fabric::PeerId peer, const Req& req, const std::string& server) {
+  ir::BatchWriter bw(ir::BatchKind::kRequests);
+  bw.AddRequest(req, 1);
+  TANDEM_RETURN_IF_ERROR(ep_->Send(peer, bw.Finish()));
+  auto deadline = std::chrono::steady_clock::now() + connect_timeout_;
+  for (;;) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return Status(Code::kTimeout, server + " did not answer " + std::string(Req::kName));
+    auto ev = ep_->Next(left);
+    if (!ev.ok()) {
+      if (ev.status().code() == Code::kTimeout) continue;
+      return ev.status();
+    }
+    if (ev->peer != peer) continue;  // nothing else is in flight during start-up
+    if (ev->kind == fabric::EventKind::kPeerLost) return Status(Code::kLinkLost, ev->status.message());
+    std::vector<ir::Record> recs;
+    TANDEM_RETURN_IF_ERROR(ir::ParseBatch(ev->data, ir::BatchKind::kReplies, &recs));
+    if (recs.size() != 1) return Status::Protocol("expected one reply");
+    ir::ReplyHead head;
+    typename Req::Reply rep{};
+    TANDEM_RETURN_IF_ERROR(ir::DecodeReply(recs[0].payload, &head, &rep));
+    if (!head.status.ok()) return head.status;
+    return rep;
+  }
+}
+
+Status RuntimeImpl::Connect(const std::string& server_spec) {
+  // "host:port/dev" selects devices (a later feature); the part before '/' is the address.
+  std::string server = server_spec.substr(0, server_spec.find('/'));
+  std::string host, port;
+  if (!fabric::SplitHostPort(server, &host, &port)) return Status::Invalid("not host:port: " + server);
+
+  auto broker = ep_->Connect(server, connect_timeout_);
+  if (!broker.ok()) return broker.status();
+  auto hello = Exchange(*broker,
+                        ir::HelloReq{.magic = ir::kMagic,
+                                     .version = ir::kProtocolVersion,
+                                     .features = ir::kFeatureRma | ir::kFeatureOpenCL | ir::kFeatureCuda,
+                                     .token = TokenFromEnv(),
+                                     .client = ClientName()},
+                        server);
+  ep_->Close(*broker);
+  if (!hello.ok()) return hello.status();
+
+  std::string worker_addr = (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" +
+                            std::to_string(hello->session_port);
+  auto worker = ep_->Connect(worker_addr, connect_timeout_);
+  if (!worker.ok()) return worker.status();
+  auto attach = Exchange(*worker, ir::AttachReq{.session_key = hello->session_key}, server);
+  if (!attach.ok()) {
+    ep_->Close(*worker);
+    return attach.status();
+  }
+  log::Info("connected to {} ({}, {} devices, session port {})", server, attach->backend, attach->device_count,
+            hello->session_port);
+  auto s = std::make_unique<SessionImpl>(ep_.get(), *worker, server, attach->backend, [this] { ep_->Interrupt(); });
+  s->device_count_hint = attach->device_count;
+  sessions_.push_back(std::move(s));
+  return Status::Ok();
+}
+
+void RuntimeImpl::ReceiveLoop() {
+  for (;;) {
+    auto now = Clock::now();
+    Clock::duration wait = std::chrono::milliseconds(200);
+    for (auto& s : sessions_) wait = std::min(wait, s->Tick(now));
+    auto ev = ep_->Next(std::max(std::chrono::duration_cast<std::chrono::milliseconds>(wait),
+                                 std::chrono::milliseconds(wait > Clock::duration::zero() ? 1 : 0)));
+    if (!ev.ok()) {
+      if (ev.status().code() != Code::kTimeout) log::Debug("receiver: {}", ev.status().ToString());
+      continue;
+    }
+    SessionImpl* target = nullptr;
+    for (auto& s : sessions_)
+      if (s->peer() == ev->peer) target = s.get();
+    if (!target) {
+      log::Debug("message from an unknown peer {} dropped", ev->peer);
+      continue;
+    }
+    if (ev->kind == fabric::EventKind::kPeerLost) target->OnLost(Status(Code::kServerLost, ev->status.message()));
+    else target->OnMessage(ev->data);
+  }
+}
+
+}  // namespace
+
+Runtime& Runtime::Get() {
+  // Never destroyed: CUDA's unregister hooks run from atexit after static destructors.
+  static RuntimeImpl* runtime = new RuntimeImpl();
+  return *runtime;
+}
+
+}  // namespace tandem::client

@@ -1,0 +1,199 @@
+#include "session.h"
+
+#include "tandem/log.h"
+
+namespace tandem::client {
+namespace {
+// An asynchronous command waits at most this long for companions before it is sent.
+constexpr auto kFlushDelay = std::chrono::microseconds(300);
+// A batch this large is sent at once.
+constexpr size_t kFlushBytes = 256 * 1024;
+// An idle link is pinged this often; the ping doubles as the liveness check.
+constexpr auto kPingInterval = std::chrono::milliseconds(1000);
+
+Clock::duration FailoverTimeout() {
+  static const Clock::duration t = [] {
+    const char* v = std::getenv("TANDEM_FAILOVER_TIMEOUT_MS");
+    long ms = v ? std::strtol(v, nullptr, 10) : 0;
+    return std::chrono::duration_cast<Clock::duration>(std::chrono::milliseconds(ms > 0 ? ms : 10000));
+  }();
+  return t;
+}
+}  // namespace
+
+SessionImpl::SessionImpl(fabric::Endpoint* ep, fabric::PeerId peer, std::string server, std::string backend,
+                         std::function<void()> wake_receiver)
+    : ep_(ep), peer_(peer), server_(std::move(server)), backend_(std::move(backend)),
+      wake_receiver_(std::move(wake_receiver)) {}
+
+uint64_t SessionImpl::PostRaw(uint16_t opcode, std::vector<uint8_t> payload, RawReplyFn fn) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!health_.ok()) {
+    Status why = health_;
+    lock.unlock();
+    if (fn) fn(why, {});
+    else log::Warn("{}: dropped {} ({})", server_, ir::CommandName(opcode), why.message());
+    return 0;
+  }
+  uint64_t seq = next_seq_++;
+  if (log::TraceEnabled()) log::Trace("-> {} #{} {}", server_, seq, ir::TraceRequest(opcode, payload));
+  bool was_empty = batch_.empty();
+  if (was_empty) batch_started_ = Clock::now();
+  batch_.AddRaw(opcode, fn ? ir::kRecordWantReply : 0, seq, payload);
+  if (fn) pending_.emplace(seq, std::move(fn));
+  if (batch_.size() >= kFlushBytes) {
+    Status st = FlushLocked(lock);
+    if (!st.ok()) log::Warn("{}: send failed: {}", server_, st.ToString());
+  } else if (was_empty) {
+    lock.unlock();
+    wake_receiver_();  // so the batch leaves within kFlushDelay even if no sync follows
+  }
+  return seq;
+}
+
+Status SessionImpl::Flush() {
+  std::unique_lock<std::mutex> lock(mu_);
+  return FlushLocked(lock);
+}
+
+Status SessionImpl::FlushLocked(std::unique_lock<std::mutex>& lock) {
+  if (batch_.empty()) return health_;
+  std::vector<uint8_t> msg = batch_.Finish();
+  last_send_ = Clock::now();
+  // Take the send lock before releasing the state lock so batches leave in seq order.
+  std::lock_guard<std::mutex> send_lock(send_mu_);
+  lock.unlock();
+  Status st = ep_->Send(peer_, std::move(msg));
+  if (!st.ok()) OnLost(Status(Code::kLinkLost, "sending to " + server_ + " failed: " + st.message()));
+  return st;
+}
+
+Status SessionImpl::CallRaw(uint16_t opcode, std::vector<uint8_t> payload, std::vector<uint8_t>* reply_fields) {
+  struct Waiter {
+    std::mutex m;
+    std::condition_variable cv;
+    bool done = false;
+    Status status;
+    std::vector<uint8_t> fields;
+  };
+  auto w = std::make_shared<Waiter>();
+  PostRaw(opcode, std::move(payload), [w](const Status& st, std::span<const uint8_t> fields) {
+    std::lock_guard<std::mutex> l(w->m);
+    w->status = st;
+    w->fields.assign(fields.begin(), fields.end());
+    w->done = true;
+    w->cv.notify_all();
+  });
+  Flush();
+  std::unique_lock<std::mutex> l(w->m);
+  w->cv.wait(l, [&] { return w->done; });
+  if (reply_fields) *reply_fields = std::move(w->fields);
+  return w->status;
+}
+
+Result<std::unique_ptr<fabric::MemoryRegion>> SessionImpl::Register(const void* addr, size_t len,
+                                                                     uint32_t access) {
+  // Registration needs a writable pointer in libfabric's API even for remote reads.
+  return ep_->Register(const_cast<void*>(addr), len, access);
+}
+
+std::vector<ir::AsyncError> SessionImpl::TakeAsyncErrors() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<ir::AsyncError> out;
+  out.swap(async_errors_);
+  return out;
+}
+
+Status SessionImpl::health() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return health_;
+}
+
+bool SessionImpl::has_queued() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !batch_.empty();
+}
+
+void SessionImpl::OnMessage(std::span<const uint8_t> msg) {
+  std::vector<ir::Record> records;
+  Status st = ir::ParseBatch(msg, ir::BatchKind::kReplies, &records);
+  if (!st.ok()) {
+    log::Error("{}: malformed reply batch: {}", server_, st.message());
+    return;
+  }
+  for (const ir::Record& rec : records) {
+    ir::Reader r(rec.payload);
+    ir::ReplyHead head;
+    Status hs = ir::DecodeReplyHead(r, &head);
+    RawReplyFn fn;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      last_recv_ = Clock::now();
+      for (auto& e : head.deferred) {
+        log::Debug("{}: deferred error of #{} {}: {}", server_, e.seq, ir::CommandName(static_cast<uint16_t>(e.opcode)),
+                   e.message);
+        async_errors_.push_back(std::move(e));
+      }
+      auto it = pending_.find(rec.header.seq);
+      if (it != pending_.end()) {
+        fn = std::move(it->second);
+        pending_.erase(it);
+      }
+    }
+    if (!hs.ok()) {
+      log::Error("{}: malformed reply to #{}: {}", server_, rec.header.seq, hs.message());
+      head.status = hs;
+    }
+    if (log::TraceEnabled())
+      log::Trace("<- {} #{} {} {}", server_, rec.header.seq, ir::CommandName(rec.header.opcode), head.status.ToString());
+    if (fn) fn(head.status, std::span<const uint8_t>(r.cursor(), r.remaining()));
+    else if (!head.status.ok())
+      log::Warn("{}: {} failed: {}", server_, ir::CommandName(rec.header.opcode), head.status.ToString());
+  }
+}
+
+void SessionImpl::OnLost(const Status& why) {
+  std::map<uint64_t, RawReplyFn> failed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!health_.ok()) return;
+    health_ = why;
+    failed.swap(pending_);
+  }
+  log::Error("lost server {}: {}", server_, why.message());
+  for (auto& [seq, fn] : failed) fn(why, {});
+}
+
+Clock::duration SessionImpl::Tick(Clock::time_point now) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!health_.ok()) return kPingInterval;
+  if (!batch_.empty()) {
+    auto due = batch_started_ + kFlushDelay;
+    if (now < due) return due - now;
+    FlushLocked(lock);
+    return kPingInterval;
+  }
+  if (ping_outstanding_ && now - last_recv_ > FailoverTimeout()) {
+    lock.unlock();
+    OnLost(Status(Code::kServerLost, "no answer for " +
+                                         std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                            FailoverTimeout()).count()) + " ms"));
+    return kPingInterval;
+  }
+  if (!ping_outstanding_ && now - last_recv_ > kPingInterval && now - last_send_ > kPingInterval) {
+    ping_outstanding_ = true;
+    lock.unlock();
+    ir::PingReq ping{.nonce = static_cast<uint64_t>(now.time_since_epoch().count())};
+    std::vector<uint8_t> payload;
+    ir::Writer w(&payload);
+    ir::Put(w, ping);
+    PostRaw(static_cast<uint16_t>(ir::Opcode::kPing), std::move(payload), [this](const Status&, auto) {
+      std::lock_guard<std::mutex> l(mu_);
+      ping_outstanding_ = false;
+    });
+    Flush();
+  }
+  return kPingInterval;
+}
+
+}  // namespace tandem::client

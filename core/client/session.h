@@ -1,0 +1,65 @@
+// Internal: one connection to a tandemd session worker, with batching and reply matching.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+
+#include "tandem/client/runtime.h"
+
+namespace tandem::client {
+
+using Clock = std::chrono::steady_clock;
+
+class SessionImpl final : public Session {
+ public:
+  SessionImpl(fabric::Endpoint* ep, fabric::PeerId peer, std::string server, std::string backend,
+              std::function<void()> wake_receiver);
+
+  const std::string& server() const override { return server_; }
+  const std::string& backend() const override { return backend_; }
+  uint64_t PostRaw(uint16_t opcode, std::vector<uint8_t> payload, RawReplyFn fn) override;
+  Status Flush() override;
+  Status CallRaw(uint16_t opcode, std::vector<uint8_t> payload, std::vector<uint8_t>* reply_fields) override;
+  Result<std::unique_ptr<fabric::MemoryRegion>> Register(const void* addr, size_t len, uint32_t access) override;
+  bool rma() const override { return true; }
+  std::vector<ir::AsyncError> TakeAsyncErrors() override;
+  Status health() const override;
+
+  // ---- used by the receiver thread ----
+  fabric::PeerId peer() const { return peer_; }
+  void OnMessage(std::span<const uint8_t> msg);
+  // Fails every outstanding reply and refuses new work.
+  void OnLost(const Status& why);
+  // Periodic duties: flush a batch that waited long enough, ping an idle link, declare
+  // the server lost when it stopped answering. Returns how soon it wants to run again.
+  Clock::duration Tick(Clock::time_point now);
+  bool has_queued() const;
+
+  uint32_t device_count_hint = 0;  // from Attach
+
+ private:
+  Status FlushLocked(std::unique_lock<std::mutex>& lock);
+
+  fabric::Endpoint* ep_;
+  const fabric::PeerId peer_;
+  const std::string server_;
+  const std::string backend_;
+  const std::function<void()> wake_receiver_;
+
+  mutable std::mutex mu_;
+  std::mutex send_mu_;  // keeps batches in sequence order on the wire
+  ir::BatchWriter batch_{ir::BatchKind::kRequests};
+  Clock::time_point batch_started_{};
+  uint64_t next_seq_ = 1;
+  std::map<uint64_t, RawReplyFn> pending_;
+  std::vector<ir::AsyncError> async_errors_;
+  Status health_;
+  Clock::time_point last_recv_ = Clock::now();
+  Clock::time_point last_send_ = Clock::now();
+  bool ping_outstanding_ = false;
+};
+
+}  // namespace tandem::client
