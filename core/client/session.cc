@@ -1,5 +1,10 @@
 #include "session.h"
 
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+
 #include "tandem/log.h"
 
 namespace tandem::client {
@@ -122,6 +127,10 @@ void SessionImpl::OnMessage(std::span<const uint8_t> msg) {
     return;
   }
   for (const ir::Record& rec : records) {
+    if (rec.header.seq == 0 && rec.header.opcode == static_cast<uint16_t>(ir::Opcode::kOutput)) {
+      ForwardOutput(rec.payload);
+      continue;
+    }
     ir::Reader r(rec.payload);
     ir::ReplyHead head;
     Status hs = ir::DecodeReplyHead(r, &head);
@@ -149,6 +158,27 @@ void SessionImpl::OnMessage(std::span<const uint8_t> msg) {
     if (fn) fn(head.status, std::span<const uint8_t>(r.cursor(), r.remaining()));
     else if (!head.status.ok())
       log::Warn("{}: {} failed: {}", server_, ir::CommandName(rec.header.opcode), head.status.ToString());
+  }
+}
+
+void SessionImpl::ForwardOutput(std::span<const uint8_t> payload) {
+  // What the session's kernels printed (CUDA printf) goes to the program's own stdout/stderr.
+  ir::OutputReq out;
+  Status st = ir::DecodeRequest(payload, &out);
+  if (!st.ok() || (out.fd != 1 && out.fd != 2)) {
+    log::Error("{}: malformed output notification: {}", server_, st.ok() ? "bad fd" : st.message());
+    return;
+  }
+  std::fflush(out.fd == 1 ? stdout : stderr);
+  size_t done = 0;
+  while (done < out.data.size()) {
+    ssize_t n = ::write(static_cast<int>(out.fd), out.data.data() + done, out.data.size() - done);
+    if (n <= 0) {
+      if (n < 0 && errno == EINTR) continue;
+      log::Error("{}: cannot forward server output to fd {}", server_, out.fd);
+      return;
+    }
+    done += static_cast<size_t>(n);
   }
 }
 

@@ -41,6 +41,7 @@ class SessionImpl final : public Session {
   uint32_t device_count_hint = 0;  // from Attach
 
  private:
+  void ForwardOutput(std::span<const uint8_t> payload);
   Status FlushLocked(std::unique_lock<std::mutex>& lock);
 
   fabric::Endpoint* ep_;

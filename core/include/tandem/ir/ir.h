@@ -160,5 +160,21 @@ enum EventFlags : uint32_t { kEventUser = 1, kEventTiming = 2, kEventBlockingSyn
 // Event status values follow OpenCL's (CL_COMPLETE = 0 ... CL_QUEUED = 3; negative = error).
 enum EventStatus : int32_t { kEventComplete = 0, kEventRunning = 1, kEventSubmitted = 2, kEventQueued = 3 };
 enum BufferFlags : uint64_t { kBufferReadOnly = 1, kBufferWriteOnly = 2, kBufferHostAccessible = 4 };
+enum LaunchFlags : uint32_t { kLaunchCooperative = 1 };
+
+// Device property keys (DeviceInfoRep::props). OpenCL backends use the cl_device_info value
+// itself (0x1000..) and cl_platform_info (0x0900..) for their platform. CUDA backends use:
+inline constexpr uint32_t kCudaAttrBase = 0x10000;       // + CUdevice_attribute: int32 value
+inline constexpr uint32_t kCudaTotalMem = 0x20001;       // u64 bytes
+inline constexpr uint32_t kCudaUuid = 0x20002;           // 16 bytes
+inline constexpr uint32_t kCudaDriverVersion = 0x20003;  // int32 (cuDriverGetVersion)
+inline constexpr uint32_t kCudaLuid = 0x20004;           // 8 bytes + u32 node mask (may be absent)
+// Function attribute keys (FunctionInfo::attrs) for CUDA: kCudaFuncAttrBase + CUfunction_attribute (int32).
+inline constexpr uint32_t kCudaFuncAttrBase = 0x30000;
+
+// Client-owned device virtual address space for CUDA (DESIGN.md: pointer-stable memory).
+// Virtual device i owns [kCudaVaBase + i * kCudaVaPerDevice, + kCudaVaPerDevice).
+inline constexpr uint64_t kCudaVaBase = 0x200000000000ull;
+inline constexpr uint64_t kCudaVaPerDevice = 0x4000000000ull;  // 256 GiB
 
 }  // namespace tandem::ir
