@@ -7,6 +7,8 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "tandem/ir/ir.h"
 #include "tandem/status.h"
@@ -37,6 +39,10 @@ class Backend {
   virtual std::string name() const = 0;  // "opencl (Portable Computing Language)", "cuda"
   virtual uint32_t device_count() const = 0;
   void set_bulk(BulkIO* bulk) { bulk_ = bulk; }
+  // Output the session's device code printed (CUDA printf) since the last call, by fd
+  // (1 stdout, 2 stderr). The worker sends it to the client as Output notifications ahead
+  // of the replies of the batch, so it reaches the program before the sync that made it.
+  virtual std::vector<std::pair<uint32_t, std::string>> TakeOutput() { return {}; }
 
 #define X(op, Name, flags, req, rep)                                   \
   virtual Status On##Name(const ir::Name##Req&, ir::Name##Rep*) {      \

@@ -1,0 +1,84 @@
+// A session's command handling without any transport: the worker feeds it the client's
+// request batches and sends back what it returns. Keeping it transport-free lets the
+// in-process tests and the fuzzer drive exactly the code a worker runs.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "tandem/ir/codec.h"
+#include "tandem/server/backend.h"
+#include "tandem/status.h"
+
+namespace tandem::server {
+
+struct BatchOutcome {
+  std::vector<uint8_t> reply;  // one reply batch to send; empty when no record needed a reply
+  bool refuse_peer = false;    // not authenticated: send `reply`, then close the peer
+  bool goodbye = false;        // the client ended the session
+};
+
+class Session {
+ public:
+  // Deferred asynchronous errors kept at most between two replies (the rest are counted).
+  static constexpr size_t kMaxDeferred = 256;
+
+  Session(Backend* backend, uint64_t session_key);
+
+  // Runs one incoming message (a request batch) record by record, in order. Until the
+  // session is attached, only an Attach with the right key as first record is accepted.
+  BatchOutcome HandleBatch(std::span<const uint8_t> msg);
+
+  // The reply batch when every record of `msg` is a Ping of an attached session, so the
+  // receive thread can answer liveness checks while the executor is busy. Thread-safe
+  // against HandleBatch. Ping replies carry no deferred errors: those go with the
+  // command stream's next reply.
+  std::optional<std::vector<uint8_t>> AnswerPings(std::span<const uint8_t> msg) const;
+
+  bool attached() const { return attached_.load(); }
+
+  // The dispatch table entry point for one command type (public so the table can name it).
+  template <class Req>
+  void Run(const ir::Record& rec, ir::BatchWriter& out);
+  template <class Req>
+  void RefuseBrokerCommand(const ir::Record& rec, ir::BatchWriter& out);
+
+ private:
+  // A command whose signal event failed: EventQuery/EventWait answer with `event_status`
+  // and commands that wait on it fail with `status`.
+  struct FailedEvent {
+    Status status;
+    int32_t event_status = -1;
+  };
+
+  template <class Req>
+  Status Execute(const Req& req, typename Req::Reply* rep);
+  Status Execute(const ir::AttachReq& req, ir::AttachRep* rep);
+  Status Execute(const ir::PingReq& req, ir::PingRep* rep);
+  Status Execute(const ir::GoodbyeReq& req, ir::GoodbyeRep* rep);
+  Status Execute(const ir::EventQueryReq& req, ir::EventQueryRep* rep);
+  Status Execute(const ir::EventWaitReq& req, ir::EventWaitRep* rep);
+  Status Execute(const ir::EventDestroyReq& req, ir::EventDestroyRep* rep);
+
+  bool Authenticate(std::span<const uint8_t> msg, ir::BatchWriter& out);
+  void ReplyError(const ir::Record& rec, const Status& st, ir::BatchWriter& out);
+  template <class Rep>
+  void Reply(const ir::Record& rec, const Status& st, const Rep* rep, ir::BatchWriter& out);
+  void Defer(const ir::Record& rec, const Status& st, uint64_t signal);
+  std::vector<ir::AsyncError> TakeDeferred();
+  void NoteSignal(uint64_t signal, const Status& st);
+
+  Backend* backend_;
+  uint64_t session_key_;
+  std::atomic<bool> attached_{false};
+  bool goodbye_ = false;
+  std::vector<ir::AsyncError> deferred_;
+  uint64_t deferred_dropped_ = 0;
+  std::unordered_map<uint64_t, FailedEvent> failed_events_;
+};
+
+}  // namespace tandem::server
