@@ -124,4 +124,7 @@ bool SplitHostPort(const std::string& host_port, std::string* host, std::string*
 // The provider name Open() will use given the environment (for messages and `tandem info`).
 std::string ProviderFromEnv();
 
+// The libfabric version this process runs, "major.minor" (for messages and `tandem info`).
+std::string LibfabricVersion();
+
 }  // namespace tandem::fabric

@@ -1,0 +1,210 @@
+// The libfabric RDM implementation of Endpoint. One endpoint, one CQ, one AV (FI_AV_TABLE),
+// one progress thread. Callers post sends and RMA directly (the domain is FI_THREAD_SAFE);
+// only the progress thread reads the CQ, and everything it finds is dispatched under mu_.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "handles.h"
+#include "tandem/fabric/fabric.h"
+#include "wire.h"
+
+namespace tandem::fabric {
+
+using Clock = std::chrono::steady_clock;
+
+// Every posted operation's context starts with fi_context2 (mode FI_CONTEXT | FI_CONTEXT2:
+// the provider owns those bytes until the completion).
+struct OpContext {
+  enum class Kind { kRecv, kSend, kRma };
+  fi_context2 fi{};
+  Kind kind;
+  explicit OpContext(Kind k) : kind(k) {}
+};
+
+// A fixed-size message buffer, registered when the provider wants FI_MR_LOCAL.
+struct Buffer {
+  std::unique_ptr<uint8_t[]> data;
+  fid_mr* mr = nullptr;
+  void* desc = nullptr;
+};
+
+struct RecvSlot : OpContext {
+  Buffer buf;
+  RecvSlot() : OpContext(Kind::kRecv) {}
+};
+
+struct SendOp : OpContext {
+  PeerId peer = 0;
+  Buffer buf;  // returned to the pool on completion
+  size_t len = 0;                  // of the frame in buf, and where it goes:
+  fi_addr_t addr = FI_ADDR_UNSPEC;  // used when the post is deferred
+  SendOp() : OpContext(Kind::kSend) {}
+};
+
+struct RmaOp;
+struct RmaChunk : OpContext {
+  RmaOp* op = nullptr;
+  size_t len = 0;
+  RmaChunk() : OpContext(Kind::kRma) {}
+};
+
+// One PostRead/PostWrite: chunks posted with a window in flight; freed once it is both
+// finished (every posted chunk completed) and released (Wait returned or will not be called).
+struct RmaOp {
+  OpId id = 0;
+  PeerId peer = 0;
+  fi_addr_t addr = FI_ADDR_UNSPEC;
+  bool write = false;
+  uint8_t* local = nullptr;
+  void* desc = nullptr;
+  uint64_t remote_addr = 0;
+  uint64_t key = 0;
+  size_t len = 0;
+  size_t next = 0;  // first byte not yet posted
+  int in_flight = 0;
+  Status error;
+  bool released = false;
+  std::vector<std::unique_ptr<RmaChunk>> chunks;  // the window's contexts
+  std::vector<RmaChunk*> idle;
+  bool finished() const { return in_flight == 0 && (next == len || !error.ok()); }
+};
+
+// A message being reassembled.
+struct Partial {
+  std::vector<uint8_t> data;
+  uint32_t received = 0;
+  uint32_t count = 0;
+};
+
+struct Conn {
+  enum class State { kConnecting, kUp, kFailed, kLost };  // kFailed: the connect did not succeed
+  PeerId id = 0;
+  uint64_t conn_id = 0;
+  fi_addr_t addr = FI_ADDR_UNSPEC;
+  std::string name;  // host:port, or the peer's address for accepted connections
+  State state = State::kConnecting;
+  Status failure;
+  uint64_t next_send_id = 0;
+  uint64_t next_deliver = 0;
+  std::map<uint64_t, Partial> partial;  // by message id; complete ones wait here for their turn
+};
+
+class RdmEndpoint final : public Endpoint {
+ public:
+  static Result<std::unique_ptr<Endpoint>> Open(const Options& options);
+  ~RdmEndpoint() override;
+
+  std::string provider() const override { return provider_; }
+  std::string address() const override { return address_; }
+  uint16_t port() const override { return port_; }
+
+  Result<PeerId> Connect(const std::string& host_port, Millis timeout) override;
+  void Close(PeerId peer) override;
+  Status Send(PeerId peer, std::vector<uint8_t> data) override;
+  Result<Event> Next(Millis timeout) override;
+  void Interrupt() override;
+
+  Result<std::unique_ptr<MemoryRegion>> Register(void* addr, size_t len, uint32_t access) override;
+  Result<OpId> PostRead(PeerId peer, MemoryRegion& local, size_t local_offset, const RemoteRegion& remote,
+                        uint64_t remote_offset, size_t len) override;
+  Result<OpId> PostWrite(PeerId peer, MemoryRegion& local, size_t local_offset, const RemoteRegion& remote,
+                         uint64_t remote_offset, size_t len) override;
+  Status Wait(OpId op, Millis timeout) override;
+
+ private:
+  RdmEndpoint() = default;
+
+  // Setup (rdm_setup.cc).
+  Status OpenAt(const Options& options, const std::string& host, const std::string& service);
+  Status PostReceives(int count);
+  Result<Buffer> NewBuffer();
+  void FreeBuffer(Buffer& b);
+  bool mr_local() const;
+  Result<fid_mr*> RegisterRaw(void* addr, size_t len, uint64_t access);
+
+  // Messages (rdm_messages.cc).
+  Status SendFrame(PeerId peer, fi_addr_t addr, const wire::Header& h, const uint8_t* payload, size_t len,
+                   Clock::time_point deadline, bool may_inject);
+  Status PostWithRetry(const char* what, Clock::time_point deadline, const std::function<ssize_t()>& post);
+  Result<Buffer> TakeBuffer(Clock::time_point deadline);
+  void ReleaseBuffer(Buffer b);
+  void Repost(RecvSlot* slot);
+  void SendBye(fi_addr_t addr, uint64_t conn_id);
+  void OnReceive(RecvSlot* slot, size_t len);
+  void OnConnect(const wire::Header& h, const uint8_t* payload, size_t len);
+  void OnData(Conn& c, const wire::Header& h, const uint8_t* payload, size_t len);
+  void QueueControl(fi_addr_t addr, PeerId peer, const wire::Header& h, const std::vector<uint8_t>& payload);
+  void RemoveConn(PeerId peer);
+  void PeerFailed(PeerId peer, Status why);
+  void Push(Event e);
+  Conn* FindConn(PeerId peer);
+
+  // RMA (rdm_rma.cc).
+  Result<OpId> PostRma(bool write, PeerId peer, MemoryRegion& local, size_t local_offset,
+                       const RemoteRegion& remote, uint64_t remote_offset, size_t len);
+  void Pump(RmaOp& op);
+  void OnRmaDone(RmaChunk* chunk, Status status);
+  void FinishIfDone(RmaOp& op);
+
+  // Progress (rdm_progress.cc).
+  void ProgressLoop();
+  void Dispatch(const fi_cq_data_entry* entries, ssize_t n);
+  void DispatchError();
+  void RetryDeferred();
+  // Wakes the progress thread so that it spins (a caller is waiting for the provider).
+  void Kick();
+
+  std::shared_ptr<Handles> h_;
+  std::string provider_;
+  std::string address_;
+  uint16_t port_ = 0;
+  bool listening_ = false;
+  bool can_block_ = false;  // the CQ has a wait object (fi_cq_sread / fi_cq_signal work)
+  size_t max_message_ = 0;  // payload bytes per fabric message
+  size_t inject_size_ = 0;
+  size_t rma_chunk_ = 0;
+  int spin_us_ = 0;
+  uint64_t mr_mode_ = 0;  // what the provider returned, honoured everywhere
+  std::atomic<uint64_t> next_key_{1};  // requested keys when the provider does not choose them
+  std::vector<uint8_t> my_address_;  // raw fi_getname()
+
+  std::thread progress_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> deferred_{false};  // something in the *_deferred_ / rma_stalled_ lists
+  std::atomic<int> waiters_{0};  // callers waiting on -FI_EAGAIN or a buffer: keep spinning
+
+  std::mutex mu_;
+  std::condition_variable cv_;  // connections, RMA ops and send buffers change state
+  std::unordered_map<PeerId, std::unique_ptr<Conn>> peers_;
+  std::unordered_map<uint64_t, PeerId> by_conn_id_;
+  PeerId next_peer_ = 1;
+  std::vector<std::unique_ptr<RecvSlot>> recv_slots_;
+  std::vector<RecvSlot*> recv_deferred_;  // repost failed with -FI_EAGAIN
+  std::deque<std::unique_ptr<SendOp>> control_deferred_;  // control sends from the progress thread
+  std::unordered_set<SendOp*> sends_in_flight_;  // owned; freed by their completion
+  std::vector<Buffer> free_buffers_;
+  size_t buffers_total_ = 0;
+  std::unordered_map<OpId, std::unique_ptr<RmaOp>> rma_ops_;
+  std::unordered_set<RmaOp*> rma_stalled_;  // posting hit -FI_EAGAIN
+  OpId next_op_ = 1;
+  std::mt19937_64 rng_{std::random_device{}()};  // connection ids
+
+  std::mutex events_mu_;
+  std::condition_variable events_cv_;
+  std::deque<Event> events_;
+  bool interrupted_ = false;
+};
+
+}  // namespace tandem::fabric

@@ -1,0 +1,427 @@
+// Messages: the connect handshake, fragmentation and in-order reassembly, the event queue.
+#include <rdma/fi_cm.h>
+#include <rdma/fi_errno.h>
+
+#include <cstring>
+
+#include "rdm_endpoint.h"
+#include "tandem/log.h"
+
+namespace tandem::fabric {
+namespace {
+
+// A send that cannot make progress this long fails instead of hanging on a dead peer.
+constexpr auto kSendDeadline = std::chrono::seconds(10);
+// Send buffers (each max_message) an endpoint may have in flight before Send() waits.
+constexpr size_t kMaxSendBuffers = 32;
+// Largest frame we inject from the stack.
+constexpr size_t kInjectMax = 256;
+
+std::string Ms(Millis t) { return std::to_string(t.count()) + " ms"; }
+
+}  // namespace
+
+Conn* RdmEndpoint::FindConn(PeerId peer) {
+  auto it = peers_.find(peer);
+  return it == peers_.end() ? nullptr : it->second.get();
+}
+
+Result<PeerId> RdmEndpoint::Connect(const std::string& host_port, Millis timeout) {
+  std::string host, service;
+  if (!SplitHostPort(host_port, &host, &service)) {
+    return Status::Invalid("fabric: bad address '" + host_port + "' (want host:port)");
+  }
+  auto deadline = Clock::now() + timeout;
+
+  // Resolve host:port into this provider's address format, then into our AV.
+  fi_info* hints = fi_allocinfo();
+  hints->caps = h_->info->caps;
+  hints->mode = h_->info->mode;
+  hints->ep_attr->type = FI_EP_RDM;
+  hints->addr_format = h_->info->addr_format;
+  hints->domain_attr->mr_mode = h_->info->domain_attr->mr_mode;
+  hints->fabric_attr->prov_name = strdup(provider_.c_str());
+  fi_info* info = nullptr;
+  int r = fi_getinfo(FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION), host.c_str(), service.c_str(), 0, hints, &info);
+  fi_freeinfo(hints);
+  if (r != 0 || info->dest_addr == nullptr) {
+    if (info) fi_freeinfo(info);
+    return FiError(Code::kLinkLost, "fabric: cannot resolve " + host_port + " for " + provider_, r ? r : -FI_EADDRNOTAVAIL);
+  }
+  fi_addr_t addr = FI_ADDR_UNSPEC;
+  r = fi_av_insert(h_->av, info->dest_addr, 1, &addr, 0, nullptr);
+  fi_freeinfo(info);
+  if (r != 1) return FiError(Code::kLinkLost, "fabric: fi_av_insert of " + host_port, r < 0 ? r : -FI_EADDRNOTAVAIL);
+
+  PeerId id;
+  wire::Header h;
+  h.type = wire::Type::kConnect;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto c = std::make_unique<Conn>();
+    do c->conn_id = rng_(); while (c->conn_id == 0 || by_conn_id_.count(c->conn_id));
+    c->id = id = next_peer_++;
+    c->addr = addr;
+    c->name = host_port;
+    h.conn_id = c->conn_id;
+    by_conn_id_[c->conn_id] = id;
+    peers_[id] = std::move(c);
+  }
+  // CONNECT carries our raw address (the listener needs it to answer) and our exact stack.
+  auto payload = wire::EncodeConnect({fi_version(), provider_, my_address_});
+  h.total_len = payload.size();
+  // Never injected: a refused connection must surface as an error completion.
+  Status st = SendFrame(id, addr, h, payload.data(), payload.size(), deadline, false);
+
+  std::unique_lock<std::mutex> lock(mu_);
+  Conn* c = FindConn(id);
+  if (st.ok()) cv_.wait_until(lock, deadline, [&] { return c->state != Conn::State::kConnecting; });
+  if (st.ok() && c->state == Conn::State::kUp) return id;
+  if (!st.ok()) st = Status(st.code() == Code::kTimeout ? Code::kTimeout : Code::kLinkLost,
+                            "fabric: connect to " + host_port + ": " + st.message());
+  else if (c->state == Conn::State::kFailed) st = c->failure;
+  else st = Status(Code::kTimeout, "fabric: no answer from " + host_port + " within " + Ms(timeout));
+  RemoveConn(id);
+  return st;
+}
+
+void RdmEndpoint::SendBye(fi_addr_t addr, uint64_t conn_id) {
+  // Best effort: a dead peer must not delay closing.
+  wire::Header h;
+  h.type = wire::Type::kBye;
+  h.conn_id = conn_id;
+  uint8_t frame[wire::kHeaderSize];
+  wire::EncodeHeader(h, frame);
+  ssize_t r = inject_size_ >= sizeof(frame) ? fi_inject(h_->ep, frame, sizeof(frame), addr) : -FI_EMSGSIZE;
+  if (r != 0) log::Debug("fabric: goodbye on {:#x} not sent: {}", conn_id, fi_strerror(static_cast<int>(-r)));
+}
+
+void RdmEndpoint::Close(PeerId peer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Conn* c = FindConn(peer);
+  if (c == nullptr) return;
+  if (c->state == Conn::State::kUp) SendBye(c->addr, c->conn_id);
+  RemoveConn(peer);
+}
+
+void RdmEndpoint::RemoveConn(PeerId peer) {
+  Conn* c = FindConn(peer);
+  if (c == nullptr) return;
+  // RMA still to be posted to this peer can no longer go anywhere.
+  for (auto& [id, op] : rma_ops_) {
+    if (op->peer == peer && op->error.ok()) op->error = Status(Code::kLinkLost, "fabric: peer closed");
+  }
+  int r = fi_av_remove(h_->av, &c->addr, 1, 0);
+  if (r != 0) log::Warn("fabric: fi_av_remove for {}: {}", c->name, fi_strerror(-r));
+  by_conn_id_.erase(c->conn_id);
+  peers_.erase(peer);
+  cv_.notify_all();
+}
+
+void RdmEndpoint::PeerFailed(PeerId peer, Status why) {
+  Conn* c = FindConn(peer);
+  if (c == nullptr) return;
+  if (c->state == Conn::State::kConnecting) {
+    c->state = Conn::State::kFailed;
+    c->failure = Status(Code::kLinkLost, "fabric: connect to " + c->name + ": " + why.message());
+  } else if (c->state == Conn::State::kUp) {
+    c->state = Conn::State::kLost;
+    c->failure = Status(why.code(), "fabric: peer " + c->name + ": " + why.message());
+    for (auto& [id, op] : rma_ops_) {
+      if (op->peer == peer && op->error.ok()) op->error = c->failure;
+    }
+    Push(Event{EventKind::kPeerLost, peer, {}, c->failure});
+  }
+  cv_.notify_all();
+}
+
+Status RdmEndpoint::Send(PeerId peer, std::vector<uint8_t> data) {
+  wire::Header h;
+  fi_addr_t addr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Conn* c = FindConn(peer);
+    if (c == nullptr) return Status::Unknown("fabric: no peer " + std::to_string(peer));
+    if (c->state != Conn::State::kUp) return c->failure.ok() ? Status(Code::kLinkLost, "fabric: peer not connected") : c->failure;
+    addr = c->addr;
+    h.conn_id = c->conn_id;
+    h.msg_id = c->next_send_id++;
+  }
+  // Fragments of max_message; the receiver places each by offset and delivers in msg_id order.
+  size_t count = data.empty() ? 1 : (data.size() + max_message_ - 1) / max_message_;
+  h.frag_count = static_cast<uint32_t>(count);
+  h.total_len = data.size();
+  auto deadline = Clock::now() + kSendDeadline;
+  for (size_t i = 0; i < count; ++i) {
+    h.frag_index = static_cast<uint32_t>(i);
+    h.offset = i * max_message_;
+    size_t n = std::min(max_message_, data.size() - h.offset);
+    Status st = SendFrame(peer, addr, h, data.data() + h.offset, n, deadline, true);
+    if (!st.ok()) {
+      // A half-sent message would block every later one at the receiver: the link is done.
+      std::lock_guard<std::mutex> lock(mu_);
+      PeerFailed(peer, st);
+      return st;
+    }
+  }
+  return Status::Ok();
+}
+
+Status RdmEndpoint::SendFrame(PeerId peer, fi_addr_t addr, const wire::Header& h, const uint8_t* payload, size_t len,
+                              Clock::time_point deadline, bool may_inject) {
+  size_t total = wire::kHeaderSize + len;
+  // Small frames go by fi_inject: no buffer to keep, no completion to reap.
+  if (may_inject && total <= std::min(inject_size_, kInjectMax)) {
+    uint8_t frame[kInjectMax];
+    wire::EncodeHeader(h, frame);
+    if (len) std::memcpy(frame + wire::kHeaderSize, payload, len);
+    return PostWithRetry("fi_inject", deadline, [&] { return fi_inject(h_->ep, frame, total, addr); });
+  }
+  auto buf = TakeBuffer(deadline);
+  if (!buf.ok()) return buf.status();
+  auto* op = new SendOp();
+  op->peer = peer;
+  op->buf = std::move(*buf);
+  wire::EncodeHeader(h, op->buf.data.get());
+  if (len) std::memcpy(op->buf.data.get() + wire::kHeaderSize, payload, len);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    sends_in_flight_.insert(op);
+  }
+  Status st = PostWithRetry("fi_send", deadline,
+                            [&] { return fi_send(h_->ep, op->buf.data.get(), total, op->buf.desc, addr, &op->fi); });
+  if (!st.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    sends_in_flight_.erase(op);
+    ReleaseBuffer(std::move(op->buf));
+    delete op;
+  }
+  return st;
+}
+
+Status RdmEndpoint::PostWithRetry(const char* what, Clock::time_point deadline, const std::function<ssize_t()>& post) {
+  ssize_t r = post();
+  if (r == -FI_EAGAIN) {
+    // The provider needs progress: keep the progress thread spinning while we retry.
+    ++waiters_;
+    Kick();
+    while ((r = post()) == -FI_EAGAIN && Clock::now() < deadline) std::this_thread::yield();
+    --waiters_;
+  }
+  if (r == 0) return Status::Ok();
+  if (r == -FI_EAGAIN) return Status(Code::kTimeout, std::string(what) + ": no progress (-FI_EAGAIN) before the deadline");
+  return FiError(Code::kLinkLost, what, static_cast<int>(r));
+}
+
+Result<Buffer> RdmEndpoint::TakeBuffer(Clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    if (!free_buffers_.empty()) {
+      Buffer b = std::move(free_buffers_.back());
+      free_buffers_.pop_back();
+      return b;
+    }
+    if (buffers_total_ < kMaxSendBuffers) {
+      ++buffers_total_;
+      lock.unlock();
+      auto b = NewBuffer();
+      if (!b.ok()) {
+        lock.lock();
+        --buffers_total_;
+      }
+      return b;
+    }
+    // All buffers are in flight: wait for completions, which the progress thread reaps.
+    ++waiters_;
+    Kick();
+    bool woke = cv_.wait_until(lock, deadline, [&] { return !free_buffers_.empty(); });
+    --waiters_;
+    if (!woke) return Status(Code::kTimeout, "fabric: no send buffer freed before the deadline");
+  }
+}
+
+void RdmEndpoint::ReleaseBuffer(Buffer b) {
+  free_buffers_.push_back(std::move(b));
+  cv_.notify_all();
+}
+
+Result<Event> RdmEndpoint::Next(Millis timeout) {
+  std::unique_lock<std::mutex> lock(events_mu_);
+  events_cv_.wait_for(lock, timeout, [&] { return !events_.empty() || interrupted_; });
+  if (interrupted_) {
+    interrupted_ = false;
+    return Status(Code::kTimeout, "fabric: interrupted");
+  }
+  if (events_.empty()) return Status(Code::kTimeout, "fabric: nothing received within " + Ms(timeout));
+  Event e = std::move(events_.front());
+  events_.pop_front();
+  return e;
+}
+
+void RdmEndpoint::Interrupt() {
+  std::lock_guard<std::mutex> lock(events_mu_);
+  interrupted_ = true;
+  events_cv_.notify_all();
+}
+
+void RdmEndpoint::Push(Event e) {
+  std::lock_guard<std::mutex> lock(events_mu_);
+  events_.push_back(std::move(e));
+  events_cv_.notify_one();
+}
+
+void RdmEndpoint::OnReceive(RecvSlot* slot, size_t len) {
+  const uint8_t* data = slot->buf.data.get();
+  auto h = wire::DecodeHeader(data, len);
+  const uint8_t* payload = data + wire::kHeaderSize;
+  size_t plen = len - wire::kHeaderSize;
+  if (!h) {
+    log::Debug("fabric: dropped a malformed message of {} bytes", len);
+  } else if (h->type == wire::Type::kConnect) {
+    OnConnect(*h, payload, plen);
+  } else {
+    auto it = by_conn_id_.find(h->conn_id);
+    Conn* c = it == by_conn_id_.end() ? nullptr : FindConn(it->second);
+    if (c == nullptr) {
+      log::Debug("fabric: dropped a message for unknown connection {:#x}", h->conn_id);
+    } else if (h->type == wire::Type::kConnectAck && c->state == Conn::State::kConnecting) {
+      auto ack = wire::DecodeConnectAck(payload, plen);
+      c->state = ack && !ack->refused ? Conn::State::kUp : Conn::State::kFailed;
+      if (c->state == Conn::State::kFailed) {
+        c->failure = Status::Protocol("fabric: " + c->name + " refused the connection: " +
+                                      (ack ? ack->reason : std::string("malformed answer")));
+      }
+      cv_.notify_all();
+    } else if (h->type == wire::Type::kData && c->state == Conn::State::kUp) {
+      OnData(*c, *h, payload, plen);
+    } else if (h->type == wire::Type::kBye) {
+      PeerFailed(c->id, Status(Code::kLinkLost, "closed the connection"));
+    } else {
+      log::Debug("fabric: dropped a message of type {} on {:#x}", static_cast<int>(h->type), h->conn_id);
+    }
+  }
+  Repost(slot);
+}
+
+void RdmEndpoint::OnConnect(const wire::Header& h, const uint8_t* payload, size_t len) {
+  if (!listening_) {
+    log::Debug("fabric: dropped CONNECT {:#x}: this endpoint does not listen", h.conn_id);
+    return;
+  }
+  auto req = wire::DecodeConnect(payload, len);
+  if (!req) {
+    log::Debug("fabric: dropped a malformed CONNECT");
+    return;
+  }
+  wire::Header ack_h;
+  ack_h.type = wire::Type::kConnectAck;
+  ack_h.conn_id = h.conn_id;
+  // A repeated CONNECT (same id) gets the same answer again.
+  if (auto it = by_conn_id_.find(h.conn_id); it != by_conn_id_.end()) {
+    Conn* c = FindConn(it->second);
+    QueueControl(c->addr, c->id, ack_h, wire::EncodeConnectAck({}));
+    return;
+  }
+  fi_addr_t addr = FI_ADDR_UNSPEC;
+  int r = fi_av_insert(h_->av, req->address.data(), 1, &addr, 0, nullptr);
+  if (r != 1) {
+    log::Warn("fabric: cannot insert a connecting peer's address: {}", fi_strerror(r < 0 ? -r : FI_EADDRNOTAVAIL));
+    return;
+  }
+  char text[256];
+  size_t text_len = sizeof(text);
+  fi_av_straddr(h_->av, req->address.data(), text, &text_len);
+  auto c = std::make_unique<Conn>();
+  c->id = next_peer_++;
+  c->conn_id = h.conn_id;
+  c->addr = addr;
+  c->name = text;
+  c->state = Conn::State::kUp;
+  // Different stacks cannot talk to each other reliably (FABRIC-NOTES: rxm 1.17 vs tcp 1.18).
+  wire::ConnectAck ack;
+  if (req->provider != provider_) {
+    ack.refused = 1;
+    ack.reason = "provider " + req->provider + " here is " + provider_;
+    c->state = Conn::State::kFailed;
+    log::Warn("fabric: refused {}: {}", c->name, ack.reason);
+  } else if (req->fi_version != fi_version()) {
+    log::Info("fabric: peer {} runs libfabric {}.{}, we run {}", c->name, FI_MAJOR(req->fi_version),
+              FI_MINOR(req->fi_version), LibfabricVersion());
+  }
+  log::Debug("fabric: peer {} connected from {} ({:#x})", c->id, c->name, c->conn_id);
+  QueueControl(addr, c->id, ack_h, wire::EncodeConnectAck(ack));
+  by_conn_id_[c->conn_id] = c->id;
+  peers_[c->id] = std::move(c);
+}
+
+void RdmEndpoint::OnData(Conn& c, const wire::Header& h, const uint8_t* payload, size_t len) {
+  if (h.msg_id < c.next_deliver) {
+    log::Debug("fabric: dropped a stale fragment of message {} from {}", h.msg_id, c.name);
+    return;
+  }
+  // The common case: a whole message, next in order.
+  if (h.frag_count == 1 && h.msg_id == c.next_deliver && c.partial.empty()) {
+    ++c.next_deliver;
+    Push(Event{EventKind::kMessage, c.id, std::vector<uint8_t>(payload, payload + len), {}});
+    return;
+  }
+  Partial& p = c.partial[h.msg_id];
+  if (p.count == 0) {
+    p.count = h.frag_count;
+    p.data.resize(h.total_len);
+  }
+  if (p.count != h.frag_count || p.data.size() != h.total_len) {
+    log::Debug("fabric: dropped an inconsistent fragment of message {} from {}", h.msg_id, c.name);
+    return;
+  }
+  if (len) std::memcpy(p.data.data() + h.offset, payload, len);
+  ++p.received;
+  // Deliver every complete message whose turn it is.
+  for (auto it = c.partial.begin(); it != c.partial.end() && it->first == c.next_deliver &&
+                                    it->second.received == it->second.count;
+       it = c.partial.erase(it)) {
+    ++c.next_deliver;
+    Push(Event{EventKind::kMessage, c.id, std::move(it->second.data), {}});
+  }
+}
+
+void RdmEndpoint::QueueControl(fi_addr_t addr, PeerId peer, const wire::Header& h, const std::vector<uint8_t>& payload) {
+  // Runs on the progress thread: it may not wait, so a busy provider defers the send.
+  Buffer b;
+  if (!free_buffers_.empty()) {
+    b = std::move(free_buffers_.back());
+    free_buffers_.pop_back();
+  } else {
+    auto nb = NewBuffer();
+    if (!nb.ok()) {
+      log::Error("fabric: no buffer for a control message: {}", nb.status().message());
+      return;
+    }
+    b = std::move(*nb);
+    ++buffers_total_;
+  }
+  auto op = std::make_unique<SendOp>();
+  op->peer = peer;
+  op->buf = std::move(b);
+  wire::Header frame = h;
+  frame.total_len = payload.size();
+  wire::EncodeHeader(frame, op->buf.data.get());
+  std::memcpy(op->buf.data.get() + wire::kHeaderSize, payload.data(), payload.size());
+  op->len = wire::kHeaderSize + payload.size();
+  op->addr = addr;
+  control_deferred_.push_back(std::move(op));
+  deferred_ = true;
+}
+
+void RdmEndpoint::Repost(RecvSlot* slot) {
+  ssize_t r = fi_recv(h_->ep, slot->buf.data.get(), wire::kHeaderSize + max_message_, slot->buf.desc, FI_ADDR_UNSPEC,
+                      &slot->fi);
+  if (r == -FI_EAGAIN) {
+    recv_deferred_.push_back(slot);
+    deferred_ = true;
+  } else if (r != 0) {
+    log::Error("fabric: fi_recv: {}; one receive buffer fewer", fi_strerror(static_cast<int>(-r)));
+  }
+}
+
+}  // namespace tandem::fabric

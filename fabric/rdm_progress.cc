@@ -1,0 +1,147 @@
+// The progress thread: the only reader of the CQ. Manual-progress providers (rxm, shm) move
+// nothing, not even the target side of an RMA, unless someone polls, so it always runs: it
+// spins for spin_us after activity (or while a caller waits on the provider), then blocks.
+#include <rdma/fi_errno.h>
+
+#include "rdm_endpoint.h"
+#include "tandem/log.h"
+
+namespace tandem::fabric {
+namespace {
+
+constexpr int kBatch = 16;
+constexpr int kBlockMs = 50;                        // longest sleep in fi_cq_sread
+constexpr auto kNap = std::chrono::microseconds(200);  // sleep when the CQ has no wait object
+
+}  // namespace
+
+void RdmEndpoint::Kick() {
+  if (!can_block_) return;
+  int r = fi_cq_signal(h_->cq);
+  if (r != 0) log::Debug("fabric: fi_cq_signal: {}", fi_strerror(-r));
+}
+
+void RdmEndpoint::ProgressLoop() {
+  fi_cq_data_entry entries[kBatch];
+  auto spin = std::chrono::microseconds(spin_us_);
+  auto last_activity = Clock::now();
+  while (!stop_) {
+    ssize_t n = fi_cq_read(h_->cq, entries, kBatch);
+    if (n == -FI_EAGAIN) {
+      if (deferred_) RetryDeferred();
+      bool spinning = waiters_ > 0 || Clock::now() - last_activity < spin;
+      if (spinning) continue;
+      // Deferred work waits on the provider: retry soon, but never spin for it on a busy machine.
+      int block_ms = deferred_ ? 1 : kBlockMs;
+      if (can_block_) {
+        n = fi_cq_sread(h_->cq, entries, kBatch, nullptr, block_ms);
+      } else {
+        std::this_thread::sleep_for(kNap);
+        continue;
+      }
+    }
+    if (n > 0) {
+      Dispatch(entries, n);
+      last_activity = Clock::now();
+    } else if (n == -FI_EAVAIL) {
+      DispatchError();
+      last_activity = Clock::now();
+    } else if (n != -FI_EAGAIN && n != -FI_ETIMEDOUT && n != -FI_EINTR) {
+      log::Error("fabric: reading the completion queue: {}", fi_strerror(static_cast<int>(-n)));
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+}
+
+void RdmEndpoint::Dispatch(const fi_cq_data_entry* entries, ssize_t n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (ssize_t i = 0; i < n; ++i) {
+    auto* ctx = static_cast<OpContext*>(entries[i].op_context);
+    if (ctx == nullptr) {
+      log::Debug("fabric: completion without context (flags {:#x})", entries[i].flags);
+      continue;
+    }
+    switch (ctx->kind) {
+      case OpContext::Kind::kRecv:
+        OnReceive(static_cast<RecvSlot*>(ctx), entries[i].len);
+        break;
+      case OpContext::Kind::kSend: {
+        auto* op = static_cast<SendOp*>(ctx);
+        sends_in_flight_.erase(op);
+        ReleaseBuffer(std::move(op->buf));
+        delete op;
+        break;
+      }
+      case OpContext::Kind::kRma:
+        OnRmaDone(static_cast<RmaChunk*>(ctx), Status::Ok());
+        break;
+    }
+  }
+}
+
+void RdmEndpoint::DispatchError() {
+  fi_cq_err_entry err{};
+  ssize_t r = fi_cq_readerr(h_->cq, &err, 0);
+  if (r == -FI_EAGAIN) return;
+  if (r < 0) {
+    log::Error("fabric: fi_cq_readerr: {}", fi_strerror(static_cast<int>(-r)));
+    return;
+  }
+  char detail[256];
+  const char* prov = fi_cq_strerror(h_->cq, err.prov_errno, err.err_data, detail, sizeof(detail));
+  Status why(Code::kLinkLost, std::string(fi_strerror(err.err)) + " (" + (prov ? prov : "?") + ")");
+  std::lock_guard<std::mutex> lock(mu_);
+  auto* ctx = static_cast<OpContext*>(err.op_context);
+  if (ctx == nullptr) {
+    log::Warn("fabric: error completion without context: {}", why.message());
+    return;
+  }
+  switch (ctx->kind) {
+    case OpContext::Kind::kRecv:
+      // A failed receive (e.g. truncated) loses that message only; the buffer goes back.
+      log::Warn("fabric: receive failed: {}", why.message());
+      Repost(static_cast<RecvSlot*>(ctx));
+      break;
+    case OpContext::Kind::kSend: {
+      auto* op = static_cast<SendOp*>(ctx);
+      log::Debug("fabric: send to peer {} failed: {}", op->peer, why.message());
+      PeerFailed(op->peer, why);
+      sends_in_flight_.erase(op);
+      ReleaseBuffer(std::move(op->buf));
+      delete op;
+      break;
+    }
+    case OpContext::Kind::kRma: {
+      auto* chunk = static_cast<RmaChunk*>(ctx);
+      log::Debug("fabric: RMA to peer {} failed: {}", chunk->op->peer, why.message());
+      PeerFailed(chunk->op->peer, why);
+      OnRmaDone(chunk, why);
+      break;
+    }
+  }
+}
+
+void RdmEndpoint::RetryDeferred() {
+  std::lock_guard<std::mutex> lock(mu_);
+  // Receive buffers first: without them nothing comes in.
+  std::vector<RecvSlot*> slots;
+  slots.swap(recv_deferred_);
+  for (RecvSlot* s : slots) Repost(s);
+  while (!control_deferred_.empty()) {
+    SendOp* op = control_deferred_.front().get();
+    ssize_t r = fi_send(h_->ep, op->buf.data.get(), op->len, op->buf.desc, op->addr, &op->fi);
+    if (r == -FI_EAGAIN) break;
+    if (r == 0) {
+      sends_in_flight_.insert(control_deferred_.front().release());
+    } else {
+      log::Warn("fabric: control message to peer {}: {}", op->peer, fi_strerror(static_cast<int>(-r)));
+      ReleaseBuffer(std::move(op->buf));
+    }
+    control_deferred_.pop_front();
+  }
+  std::vector<RmaOp*> stalled(rma_stalled_.begin(), rma_stalled_.end());
+  for (RmaOp* op : stalled) Pump(*op);
+  deferred_ = !recv_deferred_.empty() || !control_deferred_.empty() || !rma_stalled_.empty();
+}
+
+}  // namespace tandem::fabric

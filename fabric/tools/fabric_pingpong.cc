@@ -1,0 +1,128 @@
+// Raw fabric limits on the chosen provider: median round trip of 8 B messages and streaming
+// RMA bandwidth for 64 MiB reads and writes. Client and server run in one process (two
+// endpoints) unless --listen / --connect split them over two.
+//   tandem_fabric_pingpong [--provider P] [--iters N]
+//   tandem_fabric_pingpong --listen host:port      (server: echoes, exposes a 64 MiB region)
+//   tandem_fabric_pingpong --connect host:port     (client: measures)
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "tandem/fabric/fabric.h"
+
+namespace fab = tandem::fabric;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr size_t kBulk = 64u << 20;
+constexpr fab::Millis kTimeout{10000};
+
+[[noreturn]] void Die(const char* what, const tandem::Status& st) {
+  std::fprintf(stderr, "fabric_pingpong: %s: %s\n", what, st.ToString().c_str());
+  std::exit(1);
+}
+
+// Server: answers every message with itself; the first message it gets asks for the region.
+void Serve(fab::Endpoint& ep, bool forever) {
+  std::vector<uint8_t> bulk(kBulk, 0x5a);
+  auto mr = ep.Register(bulk.data(), bulk.size(), fab::kRemoteRead | fab::kRemoteWrite);
+  if (!mr.ok()) Die("register", mr.status());
+  for (;;) {
+    auto ev = ep.Next(fab::Millis(forever ? 3600000 : 30000));
+    if (!ev.ok()) return;
+    if (ev->kind == fab::EventKind::kPeerLost) {
+      ep.Close(ev->peer);
+      if (!forever) return;
+      continue;
+    }
+    // "R?" asks for the region's description; anything else is echoed.
+    if (ev->data.size() == 2 && ev->data[0] == 'R' && ev->data[1] == '?') {
+      fab::RemoteRegion r{(*mr)->remote_addr(), kBulk, (*mr)->key()};
+      std::vector<uint8_t> reply(sizeof(r));
+      std::memcpy(reply.data(), &r, sizeof(r));
+      ep.Send(ev->peer, std::move(reply));
+    } else {
+      ep.Send(ev->peer, std::move(ev->data));
+    }
+  }
+}
+
+void Measure(fab::Endpoint& ep, const std::string& server, int iters) {
+  auto peer = ep.Connect(server, kTimeout);
+  if (!peer.ok()) Die("connect", peer.status());
+  std::vector<double> rtt;
+  for (int i = 0; i < iters + 100; ++i) {
+    auto t0 = Clock::now();
+    if (auto st = ep.Send(*peer, std::vector<uint8_t>(8, 1)); !st.ok()) Die("send", st);
+    auto ev = ep.Next(kTimeout);
+    if (!ev.ok()) Die("ping", ev.status());
+    if (i >= 100) rtt.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+  }
+  std::sort(rtt.begin(), rtt.end());
+  std::printf("provider %s (libfabric %s)\n", ep.provider().c_str(), fab::LibfabricVersion().c_str());
+  std::printf("8 B round trip: median %.1f us, p90 %.1f us (%d iterations)\n", rtt[rtt.size() / 2],
+              rtt[rtt.size() * 9 / 10], iters);
+
+  ep.Send(*peer, {'R', '?'});
+  auto desc = ep.Next(kTimeout);
+  if (!desc.ok() || desc->data.size() != sizeof(fab::RemoteRegion)) Die("region", desc.status());
+  fab::RemoteRegion remote;
+  std::memcpy(&remote, desc->data.data(), sizeof(remote));
+  std::vector<uint8_t> local(kBulk, 0);
+  auto mr = ep.Register(local.data(), local.size(), fab::kLocal);
+  if (!mr.ok()) Die("register", mr.status());
+  for (bool write : {false, true}) {
+    double best = 0;
+    for (int rep = 0; rep < 5; ++rep) {
+      auto t0 = Clock::now();
+      auto st = write ? ep.Write(*peer, **mr, 0, remote, 0, kBulk, kTimeout) : ep.Read(*peer, **mr, 0, remote, 0, kBulk, kTimeout);
+      if (!st.ok()) Die(write ? "write" : "read", st);
+      double gbs = kBulk / std::chrono::duration<double>(Clock::now() - t0).count() / 1e9;
+      best = std::max(best, gbs);
+    }
+    std::printf("RMA %s 64 MiB: best of 5 %.2f GB/s\n", write ? "write" : "read", best);
+  }
+  ep.Close(*peer);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  fab::Options opt;
+  std::string listen, connect;
+  int iters = 10000;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string a = argv[i];
+    if (a == "--provider") opt.provider = argv[i + 1];
+    else if (a == "--listen") listen = argv[i + 1];
+    else if (a == "--connect") connect = argv[i + 1];
+    else if (a == "--iters") iters = std::atoi(argv[i + 1]);
+  }
+  // shm's cross-memory attach needs ptrace rights that containers drop.
+  setenv("FI_SHM_DISABLE_CMA", "1", 0);
+  if (!connect.empty()) {
+    auto ep = fab::Endpoint::Open(opt);
+    if (!ep.ok()) Die("open", ep.status());
+    Measure(**ep, connect, iters);
+    return 0;
+  }
+  fab::Options server_opt = opt;
+  server_opt.listen = listen.empty() ? "127.0.0.1:0" : listen;
+  auto server = fab::Endpoint::Open(server_opt);
+  if (!server.ok()) Die("listen", server.status());
+  if (!listen.empty()) {
+    std::printf("listening on %s (%s)\n", (*server)->address().c_str(), (*server)->provider().c_str());
+    Serve(**server, true);
+    return 0;
+  }
+  std::thread serving([&] { Serve(**server, false); });
+  auto client = fab::Endpoint::Open(opt);
+  if (!client.ok()) Die("open", client.status());
+  Measure(**client, (*server)->address(), iters);
+  serving.join();
+  return 0;
+}
