@@ -204,6 +204,7 @@ class RdmEndpoint final : public Endpoint {
   std::mutex events_mu_;
   std::condition_variable events_cv_;
   std::deque<Event> events_;
+  std::atomic<size_t> events_pending_{0};  // events_.size(), readable without the lock
   bool interrupted_ = false;
 };
 

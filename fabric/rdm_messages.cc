@@ -80,7 +80,8 @@ Result<PeerId> RdmEndpoint::Connect(const std::string& host_port, Millis timeout
   if (!st.ok()) st = Status(st.code() == Code::kTimeout ? Code::kTimeout : Code::kLinkLost,
                             "fabric: connect to " + host_port + ": " + st.message());
   else if (c->state == Conn::State::kFailed) st = c->failure;
-  else st = Status(Code::kTimeout, "fabric: no answer from " + host_port + " within " + Ms(timeout));
+  else st = Status(Code::kTimeout, "fabric: no answer from " + host_port + " within " + Ms(timeout) +
+                   " (nothing listening there, or unreachable)");
   RemoveConn(id);
   return st;
 }
@@ -246,6 +247,9 @@ void RdmEndpoint::ReleaseBuffer(Buffer b) {
 }
 
 Result<Event> RdmEndpoint::Next(Millis timeout) {
+  // A reply usually follows within microseconds: look for it a moment before sleeping.
+  auto spin_end = Clock::now() + std::min<Clock::duration>(std::chrono::microseconds(spin_us_), timeout);
+  while (events_pending_ == 0 && Clock::now() < spin_end) std::this_thread::yield();
   std::unique_lock<std::mutex> lock(events_mu_);
   events_cv_.wait_for(lock, timeout, [&] { return !events_.empty() || interrupted_; });
   if (interrupted_) {
@@ -255,6 +259,7 @@ Result<Event> RdmEndpoint::Next(Millis timeout) {
   if (events_.empty()) return Status(Code::kTimeout, "fabric: nothing received within " + Ms(timeout));
   Event e = std::move(events_.front());
   events_.pop_front();
+  --events_pending_;
   return e;
 }
 
@@ -267,6 +272,7 @@ void RdmEndpoint::Interrupt() {
 void RdmEndpoint::Push(Event e) {
   std::lock_guard<std::mutex> lock(events_mu_);
   events_.push_back(std::move(e));
+  ++events_pending_;
   events_cv_.notify_one();
 }
 

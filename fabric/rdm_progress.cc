@@ -30,7 +30,11 @@ void RdmEndpoint::ProgressLoop() {
     if (n == -FI_EAGAIN) {
       if (deferred_) RetryDeferred();
       bool spinning = waiters_ > 0 || Clock::now() - last_activity < spin;
-      if (spinning) continue;
+      if (spinning) {
+        // Spin politely: on a few cores the thread that will answer may need this one.
+        std::this_thread::yield();
+        continue;
+      }
       // Deferred work waits on the provider: retry soon, but never spin for it on a busy machine.
       int block_ms = deferred_ ? 1 : kBlockMs;
       if (can_block_) {

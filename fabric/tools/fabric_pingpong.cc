@@ -1,7 +1,7 @@
 // Raw fabric limits on the chosen provider: median round trip of 8 B messages and streaming
 // RMA bandwidth for 64 MiB reads and writes. Client and server run in one process (two
 // endpoints) unless --listen / --connect split them over two.
-//   tandem_fabric_pingpong [--provider P] [--iters N]
+//   tandem_fabric_pingpong [--provider P] [--iters N] [--spin-us N]
 //   tandem_fabric_pingpong --listen host:port      (server: echoes, exposes a 64 MiB region)
 //   tandem_fabric_pingpong --connect host:port     (client: measures)
 #include <algorithm>
@@ -101,6 +101,7 @@ int main(int argc, char** argv) {
     else if (a == "--listen") listen = argv[i + 1];
     else if (a == "--connect") connect = argv[i + 1];
     else if (a == "--iters") iters = std::atoi(argv[i + 1]);
+    else if (a == "--spin-us") opt.spin_us = std::atoi(argv[i + 1]);
   }
   // shm's cross-memory attach needs ptrace rights that containers drop.
   setenv("FI_SHM_DISABLE_CMA", "1", 0);

@@ -1,0 +1,379 @@
+// The fabric over loopback (127.0.0.1), run once per provider: tcp (tcp;ofi_rxm on 1.17) and
+// shm. A provider this machine cannot open is skipped with the reason.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "tandem/fabric/fabric.h"
+#include "wire.h"
+
+namespace tandem::fabric {
+namespace {
+
+constexpr Millis kWait{10000};
+using Clock = std::chrono::steady_clock;
+
+std::vector<uint8_t> Pattern(size_t n, uint32_t seed) {
+  std::vector<uint8_t> v(n);
+  uint32_t x = seed * 2654435761u + 1;
+  for (auto& b : v) {
+    x = x * 1103515245u + 12345u;
+    b = static_cast<uint8_t>(x >> 16);
+  }
+  return v;
+}
+
+std::vector<uint8_t> Bytes(const std::string& s) { return {s.begin(), s.end()}; }
+std::string Text(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
+
+// A loopback port with nothing listening on it (bound, read back, released).
+uint16_t UnusedPort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(sa);
+  bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa));
+  getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  close(fd);
+  return ntohs(sa.sin_port);
+}
+
+// Every test runs with TANDEM_FABRIC_PROVIDER set to its parameter, as a user would.
+class FabricTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    setenv("TANDEM_FABRIC_PROVIDER", GetParam().c_str(), 1);
+    auto s = Endpoint::Open(ServerOptions());
+    if (!s.ok()) GTEST_SKIP() << "provider " << GetParam() << " unavailable: " << s.status().ToString();
+    server_ = std::move(*s);
+  }
+  void TearDown() override {
+    // The clients are gone: let the server take in their goodbyes before it closes too. With
+    // shm in one process a closed peer's region is unmapped, and writing to it would crash
+    // (a peer in another process keeps its mapping).
+    if (server_) {
+      while (server_->Next(Millis(200)).ok()) {
+      }
+    }
+    unsetenv("TANDEM_FABRIC_PROVIDER");
+  }
+
+  virtual Options ServerOptions() {
+    Options o;
+    o.listen = "127.0.0.1:0";
+    return o;
+  }
+
+  std::unique_ptr<Endpoint> OpenClient(Options o = {}) {
+    auto c = Endpoint::Open(o);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return c.ok() ? std::move(*c) : nullptr;
+  }
+
+  // The next event, which must be a message.
+  static Event NextMessage(Endpoint& ep) {
+    auto ev = ep.Next(kWait);
+    EXPECT_TRUE(ev.ok()) << ev.status().ToString();
+    if (!ev.ok()) return {};
+    EXPECT_EQ(ev->kind, EventKind::kMessage) << ev->status.ToString();
+    return std::move(*ev);
+  }
+
+  // Connects `client` and has it say hello, so the server learns its PeerId.
+  std::pair<PeerId, PeerId> Join(Endpoint& client, const std::string& hello) {
+    auto peer = client.Connect(server_->address(), kWait);
+    EXPECT_TRUE(peer.ok()) << peer.status().ToString();
+    if (!peer.ok()) return {0, 0};
+    EXPECT_TRUE(client.Send(*peer, Bytes(hello)).ok());
+    Event ev = NextMessage(*server_);
+    EXPECT_EQ(Text(ev.data), hello);
+    return {*peer, ev.peer};
+  }
+
+  std::unique_ptr<Endpoint> server_;
+};
+
+TEST_P(FabricTest, ListenerReportsRealPortAndProvider) {
+  EXPECT_NE(server_->port(), 0);
+  EXPECT_EQ(server_->address(), "127.0.0.1:" + std::to_string(server_->port()));
+  EXPECT_EQ(server_->provider().rfind(GetParam(), 0), 0u) << server_->provider();
+}
+
+TEST_P(FabricTest, ConnectIsAcknowledged) {
+  auto client = OpenClient();
+  ASSERT_TRUE(client);
+  auto peer = client->Connect(server_->address(), kWait);
+  ASSERT_TRUE(peer.ok()) << peer.status().ToString();
+  EXPECT_NE(*peer, 0u);
+}
+
+TEST_P(FabricTest, SmallMessagesPingPongBothWays) {
+  auto client = OpenClient();
+  ASSERT_TRUE(client);
+  auto [to_server, to_client] = Join(*client, "hello");
+  ASSERT_NE(to_server, 0u);
+  for (int i = 0; i < 200; ++i) {
+    std::string ping = "ping " + std::to_string(i);
+    ASSERT_TRUE(client->Send(to_server, Bytes(ping)).ok());
+    Event at_server = NextMessage(*server_);
+    ASSERT_EQ(Text(at_server.data), ping);
+    ASSERT_EQ(at_server.peer, to_client);
+    ASSERT_TRUE(server_->Send(to_client, Bytes("pong " + std::to_string(i))).ok());
+    ASSERT_EQ(Text(NextMessage(*client).data), "pong " + std::to_string(i));
+  }
+  // Empty messages are messages too.
+  ASSERT_TRUE(client->Send(to_server, {}).ok());
+  EXPECT_TRUE(NextMessage(*server_).data.empty());
+}
+
+TEST_P(FabricTest, TenMiBMessageIsFragmentedAndReassembled) {
+  auto client = OpenClient();
+  ASSERT_TRUE(client);
+  auto [to_server, to_client] = Join(*client, "hello");
+  auto big = Pattern(10u << 20, 7);
+  ASSERT_TRUE(client->Send(to_server, big).ok());
+  Event ev = NextMessage(*server_);
+  ASSERT_EQ(ev.data.size(), big.size());
+  EXPECT_TRUE(ev.data == big);
+  // And back, one byte longer than a whole number of fragments.
+  big.push_back(42);
+  ASSERT_TRUE(server_->Send(to_client, big).ok());
+  EXPECT_TRUE(NextMessage(*client).data == big);
+}
+
+TEST_P(FabricTest, ManyMessagesArriveInOrder) {
+  // Small fragments, so big and small messages interleave on the wire.
+  Options small;
+  small.max_message = 4096;
+  auto client = OpenClient(small);
+  ASSERT_TRUE(client);
+  auto [to_server, to_client] = Join(*client, "hello");
+  constexpr int kCount = 2000;
+  std::thread sender([&] {
+    for (int i = 0; i < kCount; ++i) {
+      size_t size = (i % 7 == 0) ? 20000 + i : 8 + i % 100;
+      auto msg = Pattern(size, i);
+      std::memcpy(msg.data(), &i, sizeof(i));
+      ASSERT_TRUE(client->Send(to_server, std::move(msg)).ok());
+    }
+  });
+  for (int i = 0; i < kCount; ++i) {
+    Event ev = NextMessage(*server_);
+    ASSERT_GE(ev.data.size(), sizeof(int));
+    int seq;
+    std::memcpy(&seq, ev.data.data(), sizeof(seq));
+    ASSERT_EQ(seq, i);
+    auto expect = Pattern(ev.data.size(), i);
+    std::memcpy(expect.data(), &i, sizeof(i));
+    ASSERT_TRUE(ev.data == expect) << "message " << i;
+  }
+  sender.join();
+}
+
+TEST_P(FabricTest, TwoClientsAreTwoPeers) {
+  auto a = OpenClient();
+  auto b = OpenClient();
+  ASSERT_TRUE(a && b);
+  auto [a_to_server, server_to_a] = Join(*a, "I am a");
+  auto [b_to_server, server_to_b] = Join(*b, "I am b");
+  ASSERT_NE(server_to_a, server_to_b);
+  ASSERT_TRUE(server_->Send(server_to_b, Bytes("for b")).ok());
+  ASSERT_TRUE(server_->Send(server_to_a, Bytes("for a")).ok());
+  EXPECT_EQ(Text(NextMessage(*a).data), "for a");
+  EXPECT_EQ(Text(NextMessage(*b).data), "for b");
+  // Interleaved traffic keeps its senders apart.
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_TRUE(a->Send(a_to_server, Bytes("a")).ok());
+    ASSERT_TRUE(b->Send(b_to_server, Bytes("b")).ok());
+  }
+  for (int i = 0; i < 40; ++i) {
+    Event ev = NextMessage(*server_);
+    EXPECT_EQ(ev.peer, Text(ev.data) == "a" ? server_to_a : server_to_b);
+  }
+}
+
+TEST_P(FabricTest, ConnectToNothingFailsInTime) {
+  auto client = OpenClient();
+  ASSERT_TRUE(client);
+  std::string target = "127.0.0.1:" + std::to_string(UnusedPort());
+  auto t0 = Clock::now();
+  auto peer = client->Connect(target, Millis(2000));
+  auto took = Clock::now() - t0;
+  ASSERT_FALSE(peer.ok());
+  EXPECT_TRUE(peer.status().code() == Code::kLinkLost || peer.status().code() == Code::kTimeout)
+      << peer.status().ToString();
+  EXPECT_NE(peer.status().message().find(target), std::string::npos) << peer.status().message();
+  EXPECT_LT(took, std::chrono::milliseconds(4000));
+}
+
+TEST_P(FabricTest, BadAddressIsInvalid) {
+  auto client = OpenClient();
+  ASSERT_TRUE(client);
+  EXPECT_EQ(client->Connect("no-port-here", kWait).status().code(), Code::kInvalidArgument);
+}
+
+TEST_P(FabricTest, RmaReadAndWrite64MiBAtOffsets) {
+  constexpr size_t kLen = 64u << 20;
+  constexpr size_t kLocalOff = 4096 + 3, kRemoteOff = 8192 + 5;
+  auto client = OpenClient();
+  ASSERT_TRUE(client);
+  auto [to_server, to_client] = Join(*client, "hello");
+
+  // The server exposes a region and tells the client where it is, as the IR will.
+  std::vector<uint8_t> remote_mem(kLen + kRemoteOff + 100, 0);
+  auto remote_mr = server_->Register(remote_mem.data(), remote_mem.size(), kRemoteRead | kRemoteWrite);
+  ASSERT_TRUE(remote_mr.ok()) << remote_mr.status().ToString();
+  RemoteRegion remote{(*remote_mr)->remote_addr(), remote_mem.size(), (*remote_mr)->key()};
+  std::vector<uint8_t> local_mem(kLen + kLocalOff + 100, 0);
+  auto local_mr = client->Register(local_mem.data(), local_mem.size(), kLocal);
+  ASSERT_TRUE(local_mr.ok()) << local_mr.status().ToString();
+
+  // Write: client memory lands in the server's region; a message after Wait() proves it is there.
+  auto data = Pattern(kLen, 1);
+  std::memcpy(local_mem.data() + kLocalOff, data.data(), kLen);
+  ASSERT_TRUE(client->Write(to_server, **local_mr, kLocalOff, remote, kRemoteOff, kLen, kWait).ok());
+  ASSERT_TRUE(client->Send(to_server, Bytes("written")).ok());
+  ASSERT_EQ(Text(NextMessage(*server_).data), "written");
+  EXPECT_EQ(std::memcmp(remote_mem.data() + kRemoteOff, data.data(), kLen), 0);
+  EXPECT_EQ(remote_mem[kRemoteOff - 1], 0);
+  EXPECT_EQ(remote_mem[kRemoteOff + kLen], 0);
+
+  // Read: new server content comes back into the client's buffer.
+  auto other = Pattern(kLen, 2);
+  std::memcpy(remote_mem.data() + kRemoteOff, other.data(), kLen);
+  ASSERT_TRUE(server_->Send(to_client, Bytes("changed")).ok());
+  ASSERT_EQ(Text(NextMessage(*client).data), "changed");
+  auto op = client->PostRead(to_server, **local_mr, kLocalOff, remote, kRemoteOff, kLen);
+  ASSERT_TRUE(op.ok()) << op.status().ToString();
+  ASSERT_TRUE(client->Wait(*op, kWait).ok());
+  EXPECT_EQ(std::memcmp(local_mem.data() + kLocalOff, other.data(), kLen), 0);
+
+  // Out of bounds is refused before anything is posted.
+  EXPECT_EQ(client->Read(to_server, **local_mr, 0, remote, remote_mem.size() - 10, 11, kWait).code(),
+            Code::kInvalidArgument);
+}
+
+TEST_P(FabricTest, ListenerOutlivesAClientThatGoesAway) {
+  auto gone = OpenClient();
+  auto stays = OpenClient();
+  ASSERT_TRUE(gone && stays);
+  auto [gone_to_server, server_to_gone] = Join(*gone, "short-lived");
+  gone.reset();
+  // The departing endpoint says goodbye: the listener sees the peer lost, and forgets it.
+  auto ev = server_->Next(kWait);
+  ASSERT_TRUE(ev.ok()) << ev.status().ToString();
+  EXPECT_EQ(ev->kind, EventKind::kPeerLost);
+  EXPECT_EQ(ev->peer, server_to_gone);
+  EXPECT_FALSE(server_->Send(server_to_gone, Bytes("anyone?")).ok());
+  server_->Close(server_to_gone);
+
+  auto [stays_to_server, server_to_stays] = Join(*stays, "long-lived");
+  ASSERT_TRUE(server_->Send(server_to_stays, Bytes("still here")).ok());
+  EXPECT_EQ(Text(NextMessage(*stays).data), "still here");
+}
+
+TEST_P(FabricTest, ClosedPeerIsForgotten) {
+  auto client = OpenClient();
+  ASSERT_TRUE(client);
+  auto [to_server, to_client] = Join(*client, "hello");
+  client->Close(to_server);
+  EXPECT_EQ(client->Send(to_server, Bytes("late")).code(), Code::kUnknownHandle);
+  auto ev = server_->Next(kWait);
+  ASSERT_TRUE(ev.ok());
+  EXPECT_EQ(ev->kind, EventKind::kPeerLost);
+}
+
+TEST_P(FabricTest, InterruptWakesNext) {
+  std::thread waker([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    server_->Interrupt();
+  });
+  auto t0 = Clock::now();
+  auto ev = server_->Next(kWait);
+  waker.join();
+  EXPECT_EQ(ev.status().code(), Code::kTimeout);
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(5));
+}
+
+INSTANTIATE_TEST_SUITE_P(Providers, FabricTest, ::testing::Values("tcp", "shm"),
+                         [](const auto& info) { return info.param; });
+
+TEST(FabricAddress, SplitHostPort) {
+  std::string h, p;
+  EXPECT_TRUE(SplitHostPort("127.0.0.1:4242", &h, &p));
+  EXPECT_EQ(h, "127.0.0.1");
+  EXPECT_EQ(p, "4242");
+  EXPECT_TRUE(SplitHostPort("[::1]:0", &h, &p));
+  EXPECT_EQ(h, "::1");
+  EXPECT_EQ(p, "0");
+  EXPECT_FALSE(SplitHostPort("host", &h, &p));
+  EXPECT_FALSE(SplitHostPort(":80", &h, &p));
+  EXPECT_FALSE(SplitHostPort("host:", &h, &p));
+  EXPECT_FALSE(SplitHostPort("host:99999", &h, &p));
+  EXPECT_FALSE(SplitHostPort("a:b:1", &h, &p));
+  EXPECT_FALSE(SplitHostPort("[::1]80", &h, &p));
+}
+
+TEST(FabricAddress, ProviderFromEnvironment) {
+  unsetenv("TANDEM_FABRIC_PROVIDER");
+  unsetenv("FI_PROVIDER");
+  EXPECT_EQ(ProviderFromEnv(), "tcp");
+  setenv("FI_PROVIDER", "net", 1);
+  EXPECT_EQ(ProviderFromEnv(), "net");
+  setenv("TANDEM_FABRIC_PROVIDER", "shm", 1);
+  EXPECT_EQ(ProviderFromEnv(), "shm");
+  unsetenv("TANDEM_FABRIC_PROVIDER");
+  unsetenv("FI_PROVIDER");
+}
+
+TEST(FabricWire, HeaderRoundTripAndSize) {
+  wire::Header h;
+  h.type = wire::Type::kData;
+  h.conn_id = 0x1122334455667788u;
+  h.msg_id = 99;
+  h.frag_index = 2;
+  h.frag_count = 3;
+  h.total_len = 3000;
+  h.offset = 2000;
+  uint8_t buf[wire::kHeaderSize + 1001] = {};
+  wire::EncodeHeader(h, buf);
+  EXPECT_EQ(buf[0], 'T');  // little-endian magic "TFAB"
+  auto d = wire::DecodeHeader(buf, wire::kHeaderSize + 1000);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->conn_id, h.conn_id);
+  EXPECT_EQ(d->msg_id, 99u);
+  EXPECT_EQ(d->frag_index, 2u);
+  EXPECT_EQ(d->offset, 2000u);
+  // A fragment running past its message, a short buffer, a wrong magic: all refused.
+  EXPECT_FALSE(wire::DecodeHeader(buf, wire::kHeaderSize + 1001));
+  EXPECT_FALSE(wire::DecodeHeader(buf, wire::kHeaderSize - 1));
+  buf[0] ^= 1;
+  EXPECT_FALSE(wire::DecodeHeader(buf, wire::kHeaderSize));
+}
+
+TEST(FabricWire, ConnectRoundTripAndTruncation) {
+  wire::Connect c{0x10011, "tcp;ofi_rxm", {1, 2, 3, 4}};
+  auto bytes = wire::EncodeConnect(c);
+  auto d = wire::DecodeConnect(bytes.data(), bytes.size());
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->provider, c.provider);
+  EXPECT_EQ(d->address, c.address);
+  EXPECT_FALSE(wire::DecodeConnect(bytes.data(), bytes.size() - 1));
+}
+
+}  // namespace
+}  // namespace tandem::fabric
+
+int main(int argc, char** argv) {
+  // shm's cross-memory attach needs ptrace rights that containers drop (FABRIC-NOTES).
+  setenv("FI_SHM_DISABLE_CMA", "1", 0);
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
