@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The main job: set up and build, start tandemd on 127.0.0.1, run a real OpenCL program
+# (examples/opencl/hello_tandem: a tiled matrix multiply and a reduction) through Tandem,
+# and print its result and where it ran. With an NVIDIA GPU the server uses NVIDIA's
+# OpenCL; otherwise PoCL on the CPU. The server is always stopped at the end.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BUILD=${TANDEM_BUILD_DIR:-$ROOT/build}
+log() { echo "run-main: $*" >&2; }
+
+bash "$ROOT/scripts/setup.sh"
+
+TANDEMD=$BUILD/server/tandemd
+TANDEM=$BUILD/tools/tandem
+PROGRAM=$BUILD/examples/opencl/hello_tandem
+for f in "$TANDEMD" "$TANDEM" "$PROGRAM"; do [[ -x $f ]] || { log "not built: $f"; exit 1; }; done
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/tandem-main.XXXXXX")
+server_pid=""
+cleanup() {
+  if [[ -n $server_pid ]]; then
+    kill -TERM -- "-$server_pid" 2>/dev/null || true
+    for _ in $(seq 1 50); do kill -0 "$server_pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL -- "-$server_pid" 2>/dev/null || true
+    wait "$server_pid" 2>/dev/null || true
+  fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+export POCL_CACHE_DIR=${POCL_CACHE_DIR:-$work/pocl-cache}
+mkdir -p "$POCL_CACHE_DIR"
+
+# Which OpenCL tandemd serves. NVIDIA's driver has libnvidia-opencl.so.1 but often no .icd
+# file (no network, no ICD package): write one so the loader finds it.
+if [[ -e /etc/OpenCL/vendors/nvidia.icd ]]; then
+  vendors=/etc/OpenCL/vendors/nvidia.icd
+elif ldconfig -p 2>/dev/null | grep -q 'libnvidia-opencl\.so\.1 '; then
+  mkdir -p "$work/vendors"
+  echo libnvidia-opencl.so.1 >"$work/vendors/nvidia.icd"
+  vendors=$work/vendors
+else
+  vendors=/etc/OpenCL/vendors/pocl.icd
+fi
+log "tandemd will use OpenCL from $vendors"
+
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+server=127.0.0.1:$port
+# Token-less is allowed on loopback only; its own process group so cleanup stops its workers.
+OCL_ICD_VENDORS=$vendors setsid "$TANDEMD" --listen "$server" --backend opencl >"$work/tandemd.log" 2>&1 &
+server_pid=$!
+
+ready=0
+for _ in $(seq 1 100); do
+  kill -0 "$server_pid" 2>/dev/null || break
+  if TANDEM_CONNECT_TIMEOUT_MS=2000 "$TANDEM" info --servers "$server" >"$work/info.txt" 2>/dev/null; then ready=1; break; fi
+  sleep 0.3
+done
+if ((ready == 0)); then
+  log "tandemd did not come up; its log:"
+  cat "$work/tandemd.log" >&2
+  exit 1
+fi
+
+echo "== Tandem server and its devices (tandem info) =="
+cat "$work/info.txt"
+echo "== hello_tandem through Tandem (tandem run --servers $server -- hello_tandem) =="
+rc=0
+"$TANDEM" run --servers "$server" -- "$PROGRAM" || rc=$?
+echo "== where it ran: the program saw the platform above; its kernels ran on $(head -n1 "$work/info.txt" | sed 's/^server //') =="
+exit "$rc"
