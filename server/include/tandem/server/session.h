@@ -60,10 +60,12 @@ class Session {
   Status Execute(const ir::AttachReq& req, ir::AttachRep* rep);
   Status Execute(const ir::PingReq& req, ir::PingRep* rep);
   Status Execute(const ir::GoodbyeReq& req, ir::GoodbyeRep* rep);
+  Status Execute(const ir::OutputReq& req, ir::OutputRep* rep);
   Status Execute(const ir::EventQueryReq& req, ir::EventQueryRep* rep);
   Status Execute(const ir::EventWaitReq& req, ir::EventWaitRep* rep);
   Status Execute(const ir::EventDestroyReq& req, ir::EventDestroyRep* rep);
 
+  std::vector<uint8_t> WithOutput(ir::BatchWriter& replies);
   bool Authenticate(std::span<const uint8_t> msg, ir::BatchWriter& out);
   void ReplyError(const ir::Record& rec, const Status& st, ir::BatchWriter& out);
   template <class Rep>

@@ -1,0 +1,249 @@
+// The CUDA backend's entry point, its devices and their contexts. The other command
+// families live beside this file: cuda_memory.cc, cuda_transfer.cc, cuda_module.cc,
+// cuda_launch.cc, cuda_events.cc.
+#include "tandem/server/backend.h"
+
+#if defined(TANDEM_CUDA_BACKEND)
+
+#include <charconv>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "cuda_backend.h"
+#include "tandem/log.h"
+
+namespace tandem::server {
+namespace cuda {
+namespace {
+
+void AddProp(ir::PropList* props, uint32_t key, uint64_t value, size_t bytes) {
+  ir::Prop p{key, {}};
+  for (size_t i = 0; i < bytes; ++i) p.value.push_back(static_cast<uint8_t>(value >> (8 * i)));
+  props->push_back(std::move(p));
+}
+
+}  // namespace
+
+Result<std::vector<CUdevice>> SelectDevices(const Driver& drv, const std::string& filter) {
+  int count = 0;
+  TANDEM_RETURN_IF_ERROR(drv.Check(drv.cuDeviceGetCount(&count), "cuDeviceGetCount"));
+  if (count <= 0) return Status(Code::kUnimplemented, "the CUDA driver reports no device");
+  std::vector<int> ordinals;
+  if (filter.empty()) {
+    for (int i = 0; i < count; ++i) ordinals.push_back(i);
+  } else {
+    // A comma-separated list of driver ordinals, each at most once.
+    for (size_t at = 0; at <= filter.size();) {
+      size_t end = filter.find(',', at);
+      if (end == std::string::npos) end = filter.size();
+      int v = -1;
+      auto [ptr, ec] = std::from_chars(filter.data() + at, filter.data() + end, v);
+      if (ec != std::errc() || ptr != filter.data() + end || v < 0 || v >= count)
+        return Status::Invalid(fmt::format("--devices '{}': '{}' is not a CUDA device (0..{})", filter,
+                                           filter.substr(at, end - at), count - 1));
+      for (int o : ordinals)
+        if (o == v) return Status::Invalid(fmt::format("--devices '{}' names device {} twice", filter, v));
+      ordinals.push_back(v);
+      at = end + 1;
+    }
+  }
+  std::vector<CUdevice> devices;
+  for (int o : ordinals) {
+    CUdevice d;
+    TANDEM_RETURN_IF_ERROR(drv.Check(drv.cuDeviceGet(&d, o), "cuDeviceGet"));
+    devices.push_back(d);
+  }
+  return devices;
+}
+
+CudaBackend::CudaBackend(const Driver* driver, std::vector<CUdevice> devices, std::unique_ptr<OutputCapture> output)
+    : drv_(driver), output_(std::move(output)) {
+  for (CUdevice d : devices) devices_.push_back(Device{.dev = d});
+}
+
+CudaBackend::~CudaBackend() {
+  for (uint32_t i = 0; i < devices_.size(); ++i) ReleaseDevice(i);
+}
+
+std::vector<std::pair<uint32_t, std::string>> CudaBackend::TakeOutput() {
+  std::string text = output_->Take();
+  if (text.empty()) return {};
+  return {{1u, std::move(text)}};
+}
+
+Status CudaBackend::CheckDevice(uint64_t device) const {
+  if (device >= devices_.size())
+    return Status::Invalid(fmt::format("no CUDA device {} (this server has {})", device, devices_.size()));
+  return Status::Ok();
+}
+
+Status CudaBackend::RetainContext(Device& d) {
+  CUcontext ctx = nullptr;
+  TANDEM_RETURN_IF_ERROR(drv_->Check(drv_->cuDevicePrimaryCtxRetain(&ctx, d.dev), "cuDevicePrimaryCtxRetain"));
+  d.ctx = ctx;
+  return Status::Ok();
+}
+
+Status CudaBackend::Enter(uint32_t device) {
+  Device& d = devices_[device];
+  if (!d.sticky.ok()) return d.sticky;
+  if (!d.ctx) TANDEM_RETURN_IF_ERROR(RetainContext(d));
+  return Check(device, drv_->cuCtxSetCurrent(d.ctx), "cuCtxSetCurrent");
+}
+
+Status CudaBackend::Check(uint32_t device, CUresult r, std::string_view call) {
+  Status st = drv_->Check(r, call);
+  if (IsSticky(r) && devices_[device].sticky.ok()) {
+    devices_[device].sticky =
+        Status(st.code(), st.message() + " (sticky: the device's context is unusable until DeviceReset)", st.native(),
+               st.api());
+  }
+  return st;
+}
+
+void CudaBackend::Forget(const char* what, uint32_t device, CUresult r) {
+  if (r != CUDA_SUCCESS) log::Debug("device {}: {} during teardown: {}", device, what, drv_->Check(r, what).message());
+}
+
+// Frees every resource of the session on the device, then lets go of its context. Errors
+// are expected here after a sticky failure and only logged: the context goes away anyway.
+// Pinned host memory (staging, user-event words) is freed with the context itself, since a
+// stream may still be reading it.
+void CudaBackend::ReleaseDevice(uint32_t device) {
+  Device& d = devices_[device];
+  if (!d.ctx) return;
+  Forget("cuCtxSetCurrent", device, drv_->cuCtxSetCurrent(d.ctx));
+  ReleaseUserFlags(device);
+  std::erase_if(events_, [&](const auto& e) {
+    if (e.second.device != device) return false;
+    if (e.second.event) Forget("cuEventDestroy", device, drv_->cuEventDestroy(e.second.event));
+    return true;
+  });
+  std::erase_if(streams_, [&](const auto& s) {
+    if (s.second.device != device) return false;
+    Forget("cuStreamDestroy", device, drv_->cuStreamDestroy(s.second.stream));
+    return true;
+  });
+  std::erase_if(functions_, [&](const auto& f) { return f.second.device == device; });
+  std::erase_if(modules_, [&](const auto& m) {
+    if (m.second.device != device) return false;
+    for (uint64_t g : m.second.globals) ranges_.erase(g);
+    Forget("cuModuleUnload", device, drv_->cuModuleUnload(m.second.mod));
+    return true;
+  });
+  std::erase_if(buffers_, [&](const auto& b) {
+    if (b.second.device != device) return false;
+    Status st = FreeAllocation(b.second);
+    if (!st.ok()) log::Debug("device {}: freeing buffer {} during teardown: {}", device, b.first, st.message());
+    return true;
+  });
+  for (CUevent& e : d.slot_done) {
+    if (e) Forget("cuEventDestroy", device, drv_->cuEventDestroy(e));
+    e = nullptr;
+  }
+  d.staging = nullptr;
+  d.flags = {};
+  for (auto it = reservations_.begin(); it != reservations_.end();) {
+    if (it->second.device != device) {
+      ++it;
+      continue;
+    }
+    Forget("cuMemAddressFree", device, drv_->cuMemAddressFree(it->first, it->second.size));
+    it = reservations_.erase(it);
+  }
+  Forget("cuDevicePrimaryCtxRelease", device, drv_->cuDevicePrimaryCtxRelease(d.dev));
+  d.ctx = nullptr;
+}
+
+// ---- device commands -----------------------------------------------------------------------
+
+// Everything the front end needs for cudaDeviceProp and cudaDeviceGetAttribute, without a
+// context: every attribute the driver answers, then memory, UUID and driver version.
+Status CudaBackend::OnDeviceInfo(const ir::DeviceInfoReq& req, ir::DeviceInfoRep* rep) {
+  TANDEM_RETURN_IF_ERROR(CheckDevice(req.index));
+  const CUdevice dev = devices_[req.index].dev;
+  char name[256] = {};
+  TANDEM_RETURN_IF_ERROR(drv_->Check(drv_->cuDeviceGetName(name, sizeof(name) - 1, dev), "cuDeviceGetName"));
+  rep->api = static_cast<uint32_t>(Api::kCuda);
+  rep->name = name;
+  rep->platform = "CUDA";
+  // Attributes this driver does not know answer CUDA_ERROR_INVALID_VALUE and are left out.
+  for (int a = 1; a < CU_DEVICE_ATTRIBUTE_MAX; ++a) {
+    int v = 0;
+    if (drv_->cuDeviceGetAttribute(&v, static_cast<CUdevice_attribute>(a), dev) == CUDA_SUCCESS)
+      AddProp(&rep->props, ir::kCudaAttrBase + a, static_cast<uint32_t>(v), 4);
+  }
+  size_t total = 0;
+  TANDEM_RETURN_IF_ERROR(drv_->Check(drv_->cuDeviceTotalMem(&total, dev), "cuDeviceTotalMem"));
+  AddProp(&rep->props, ir::kCudaTotalMem, total, 8);
+  CUuuid uuid;
+  TANDEM_RETURN_IF_ERROR(drv_->Check(drv_->cuDeviceGetUuid(&uuid, dev), "cuDeviceGetUuid"));
+  rep->props.push_back(ir::Prop{ir::kCudaUuid, ir::bytes(uuid.bytes, uuid.bytes + sizeof(uuid.bytes))});
+  AddProp(&rep->props, ir::kCudaDriverVersion, static_cast<uint32_t>(drv_->version), 4);
+  // kCudaLuid stays absent: device LUIDs exist only on Windows.
+  return Status::Ok();
+}
+
+Status CudaBackend::OnDeviceSync(const ir::DeviceSyncReq& req, ir::DeviceSyncRep*) {
+  TANDEM_RETURN_IF_ERROR(CheckDevice(req.device));
+  const auto device = static_cast<uint32_t>(req.device);
+  TANDEM_RETURN_IF_ERROR(Enter(device));
+  return Check(device, drv_->cuCtxSynchronize(), "cuCtxSynchronize");
+}
+
+Status CudaBackend::OnMemInfo(const ir::MemInfoReq& req, ir::MemInfoRep* rep) {
+  TANDEM_RETURN_IF_ERROR(CheckDevice(req.device));
+  const auto device = static_cast<uint32_t>(req.device);
+  TANDEM_RETURN_IF_ERROR(Enter(device));
+  size_t free = 0, total = 0;
+  TANDEM_RETURN_IF_ERROR(Check(device, drv_->cuMemGetInfo(&free, &total), "cuMemGetInfo"));
+  rep->free = free;
+  rep->total = total;
+  return Status::Ok();
+}
+
+// cudaDeviceReset: frees every resource of the session on the device and resets its
+// primary context (which also clears a sticky error). The address ranges the client
+// reserved are reserved again at the same addresses, so its pointers stay meaningful
+// whether or not it sends AddressReserve again (an identical one is accepted).
+Status CudaBackend::OnDeviceReset(const ir::DeviceResetReq& req, ir::DeviceResetRep*) {
+  TANDEM_RETURN_IF_ERROR(CheckDevice(req.device));
+  const auto device = static_cast<uint32_t>(req.device);
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (const auto& [base, r] : reservations_)
+    if (r.device == device) ranges.emplace_back(base, r.size);
+  ReleaseDevice(device);
+  Device& d = devices_[device];
+  TANDEM_RETURN_IF_ERROR(drv_->Check(drv_->cuDevicePrimaryCtxReset(d.dev), "cuDevicePrimaryCtxReset"));
+  d.sticky = Status::Ok();
+  for (const auto& [base, size] : ranges) TANDEM_RETURN_IF_ERROR(Reserve(device, base, size));
+  return Status::Ok();
+}
+
+}  // namespace cuda
+
+Result<std::unique_ptr<Backend>> MakeCudaBackend(const BackendOptions& options) {
+  auto driver = cuda::LoadDriver();
+  if (!driver.ok()) return driver.status();
+  auto devices = cuda::SelectDevices(*driver.value(), options.devices);
+  if (!devices.ok()) return devices.status();
+  auto output = cuda::OutputCapture::Start();
+  if (!output.ok()) return output.status();
+  return std::unique_ptr<Backend>(
+      std::make_unique<cuda::CudaBackend>(driver.value(), std::move(devices.value()), std::move(output.value())));
+}
+
+}  // namespace tandem::server
+
+#else  // built without the CUDA toolkit's headers
+
+namespace tandem::server {
+
+Result<std::unique_ptr<Backend>> MakeCudaBackend(const BackendOptions&) {
+  return Status(Code::kUnimplemented, "tandemd was built without the CUDA toolkit headers: no CUDA backend");
+}
+
+}  // namespace tandem::server
+
+#endif

@@ -1,0 +1,189 @@
+// The CUDA backend: one session's commands on the driver API (see README.md). One primary
+// context per device, retained on first use and made current on whichever thread runs the
+// command; client handles map one to one onto driver objects.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "cuda_driver.h"
+#include "cuda_output.h"
+#include "tandem/server/backend.h"
+
+namespace tandem::server::cuda {
+
+class CudaBackend final : public Backend {
+ public:
+  // Pinned staging for bulk transfers: kSlots chunks of kChunk bytes per device, so the
+  // network and the GPU copy overlap (the worker's BulkIO uses the same chunk size).
+  static constexpr size_t kSlots = 4;
+  static constexpr size_t kChunk = 4u << 20;
+
+  CudaBackend(const Driver* driver, std::vector<CUdevice> devices, std::unique_ptr<OutputCapture> output);
+  ~CudaBackend() override;
+
+  std::string name() const override { return "cuda"; }
+  uint32_t device_count() const override { return static_cast<uint32_t>(devices_.size()); }
+  std::vector<std::pair<uint32_t, std::string>> TakeOutput() override;
+
+  // Devices (cuda_backend.cc)
+  Status OnDeviceInfo(const ir::DeviceInfoReq&, ir::DeviceInfoRep*) override;
+  Status OnDeviceSync(const ir::DeviceSyncReq&, ir::DeviceSyncRep*) override;
+  Status OnMemInfo(const ir::MemInfoReq&, ir::MemInfoRep*) override;
+  Status OnDeviceReset(const ir::DeviceResetReq&, ir::DeviceResetRep*) override;
+  // Memory (cuda_memory.cc, cuda_transfer.cc)
+  Status OnAddressReserve(const ir::AddressReserveReq&, ir::AddressReserveRep*) override;
+  Status OnBufferAlloc(const ir::BufferAllocReq&, ir::BufferAllocRep*) override;
+  Status OnBufferFree(const ir::BufferFreeReq&, ir::BufferFreeRep*) override;
+  Status OnBufferWrite(const ir::BufferWriteReq&, ir::BufferWriteRep*) override;
+  Status OnBufferRead(const ir::BufferReadReq&, ir::BufferReadRep*) override;
+  Status OnBufferCopy(const ir::BufferCopyReq&, ir::BufferCopyRep*) override;
+  Status OnBufferFill(const ir::BufferFillReq&, ir::BufferFillRep*) override;
+  Status OnBufferCopyRect(const ir::BufferCopyRectReq&, ir::BufferCopyRectRep*) override;
+  // Modules and functions (cuda_module.cc)
+  Status OnModuleLoad(const ir::ModuleLoadReq&, ir::ModuleLoadRep*) override;
+  Status OnModuleBuild(const ir::ModuleBuildReq&, ir::ModuleBuildRep*) override;
+  Status OnModuleFree(const ir::ModuleFreeReq&, ir::ModuleFreeRep*) override;
+  Status OnModuleGlobal(const ir::ModuleGlobalReq&, ir::ModuleGlobalRep*) override;
+  Status OnFunctionGet(const ir::FunctionGetReq&, ir::FunctionGetRep*) override;
+  Status OnFunctionFree(const ir::FunctionFreeReq&, ir::FunctionFreeRep*) override;
+  Status OnFunctionSetAttr(const ir::FunctionSetAttrReq&, ir::FunctionSetAttrRep*) override;
+  Status OnOccupancy(const ir::OccupancyReq&, ir::OccupancyRep*) override;
+  // Launch (cuda_launch.cc)
+  Status OnLaunch(const ir::LaunchReq&, ir::LaunchRep*) override;
+  // Streams and events (cuda_events.cc)
+  Status OnStreamCreate(const ir::StreamCreateReq&, ir::StreamCreateRep*) override;
+  Status OnStreamDestroy(const ir::StreamDestroyReq&, ir::StreamDestroyRep*) override;
+  Status OnStreamSync(const ir::StreamSyncReq&, ir::StreamSyncRep*) override;
+  Status OnMarker(const ir::MarkerReq&, ir::MarkerRep*) override;
+  Status OnEventCreate(const ir::EventCreateReq&, ir::EventCreateRep*) override;
+  Status OnEventDestroy(const ir::EventDestroyReq&, ir::EventDestroyRep*) override;
+  Status OnEventQuery(const ir::EventQueryReq&, ir::EventQueryRep*) override;
+  Status OnEventWait(const ir::EventWaitReq&, ir::EventWaitRep*) override;
+  Status OnEventElapsed(const ir::EventElapsedReq&, ir::EventElapsedRep*) override;
+  Status OnUserEventSet(const ir::UserEventSetReq&, ir::UserEventSetRep*) override;
+
+ private:
+  // Pinned host words that user events hold streams on. Words are never reused (a stream
+  // may still be waiting on a destroyed event's word), so pages only grow.
+  struct UserFlagPages {
+    std::vector<uint32_t*> pages;
+    size_t used_in_last = 0;
+  };
+  struct Device {
+    CUdevice dev = 0;
+    CUcontext ctx = nullptr;   // the primary context, retained on first use
+    uint64_t granularity = 0;  // VMM allocation granularity (minimum)
+    Status sticky;             // a sticky error: every later command on the device reports it
+    uint8_t* staging = nullptr;
+    std::array<CUevent, kSlots> slot_done{};  // the last copy that used each staging slot
+    UserFlagPages flags;
+  };
+  struct Reservation {
+    uint32_t device;
+    uint64_t size;
+  };
+  struct Allocation {
+    uint32_t device;
+    uint64_t address;
+    uint64_t size;    // as asked
+    uint64_t mapped;  // rounded up to the granularity
+    CUmemGenericAllocationHandle mem;
+  };
+  // A range of device memory that absolute addressing (buffer == 0) may touch.
+  struct Range {
+    uint64_t end;
+    uint32_t device;
+  };
+  struct Module {
+    uint32_t device;
+    CUmodule mod;
+    std::vector<uint64_t> globals;  // starts of its ranges in ranges_
+  };
+  struct Function {
+    uint64_t module;
+    uint32_t device;
+    CUfunction fn;
+    std::string name;
+    std::vector<ir::ParamInfo> params;
+  };
+  struct Stream {
+    uint32_t device;
+    CUstream stream;
+  };
+  struct Event {
+    uint32_t device;
+    uint32_t flags;
+    CUevent event = nullptr;         // null for user events
+    uint32_t* flag = nullptr;        // user events: the pinned word streams wait on
+    int32_t user_status = kNotSet;   // user events: the status UserEventSet gave
+    static constexpr int32_t kNotSet = INT32_MIN;
+  };
+  // Where an enqueued command runs.
+  struct Queue {
+    uint32_t device;
+    CUstream stream;
+  };
+  // A resolved piece of device memory.
+  struct Span {
+    uint32_t device;
+    CUdeviceptr address;
+  };
+
+  // cuda_backend.cc: device access and errors.
+  Status CheckDevice(uint64_t device) const;
+  // Makes the device's context current on this thread (retaining it on first use); fails
+  // with the device's sticky error once it has one.
+  Status Enter(uint32_t device);
+  Status RetainContext(Device& d);
+  // Driver result of a call on `device`: a sticky error is remembered for the device.
+  Status Check(uint32_t device, CUresult r, std::string_view call);
+  void ReleaseDevice(uint32_t device);
+  void Forget(const char* what, uint32_t device, CUresult r);
+
+  // cuda_memory.cc
+  Result<Span> Resolve(uint64_t buffer, uint64_t offset, uint64_t size, const char* what) const;
+  Status MapAllocation(uint64_t buffer, const ir::BufferAllocReq& req);
+  Status FreeAllocation(const Allocation& a);
+  Status Reserve(uint32_t device, uint64_t base, uint64_t size);
+  Status Granularity(uint32_t device, uint64_t* granularity);
+
+  // cuda_transfer.cc: pinned staging.
+  Status Staging(uint32_t device, uint8_t** slots);
+  Status WriteFromClient(const Queue& q, CUdeviceptr dst, const ir::BufferWriteReq& req);
+  Status ReadToClient(const Queue& q, CUdeviceptr src, const ir::BufferReadReq& req);
+
+  // cuda_events.cc: streams and the wait/signal fields of every enqueue.
+  Result<Queue> ResolveStream(uint64_t stream, uint32_t device_of_default);
+  Status WaitEvents(const Queue& q, const std::vector<uint64_t>& wait);
+  Status Signal(const Queue& q, uint64_t signal);
+  Result<uint32_t*> NewUserFlag(uint32_t device);
+  Status WaitUserFlag(const Queue& q, uint32_t* flag);
+  void ReleaseUserFlags(uint32_t device);
+
+  // cuda_module.cc
+  Status DescribeFunction(const Function& f, ir::FunctionInfo* info);
+
+  const Driver* drv_;
+  std::vector<Device> devices_;
+  std::unique_ptr<OutputCapture> output_;
+  std::map<uint64_t, Reservation> reservations_;  // by base address
+  std::unordered_map<uint64_t, Allocation> buffers_;
+  std::map<uint64_t, Range> ranges_;  // by start address: live allocations and module globals
+  std::unordered_map<uint64_t, Module> modules_;
+  std::unordered_map<uint64_t, Function> functions_;
+  std::unordered_set<uint64_t> orphaned_functions_;  // their module was freed before them
+  std::unordered_map<uint64_t, Stream> streams_;
+  std::unordered_map<uint64_t, Event> events_;
+};
+
+// Parses BackendOptions::devices ("0,2") against the driver's device count.
+Result<std::vector<CUdevice>> SelectDevices(const Driver& drv, const std::string& filter);
+
+}  // namespace tandem::server::cuda

@@ -1,0 +1,22 @@
+# The CUDA backend's sources, added to server/CMakeLists.txt's tandem_backend_cuda target by
+#   include(backends/cuda/sources.cmake)
+# right after that target is declared. Without the CUDA toolkit's headers only
+# cuda_backend.cc is built, and MakeCudaBackend answers kUnimplemented.
+find_package(CUDAToolkit QUIET)
+if(CUDAToolkit_FOUND AND EXISTS "${CUDAToolkit_INCLUDE_DIRS}/cuda.h")
+  target_sources(tandem_backend_cuda PRIVATE
+    ${CMAKE_CURRENT_LIST_DIR}/cuda_driver.cc
+    ${CMAKE_CURRENT_LIST_DIR}/cuda_output.cc
+    ${CMAKE_CURRENT_LIST_DIR}/cuda_memory.cc
+    ${CMAKE_CURRENT_LIST_DIR}/cuda_transfer.cc
+    ${CMAKE_CURRENT_LIST_DIR}/cuda_module.cc
+    ${CMAKE_CURRENT_LIST_DIR}/cuda_launch.cc
+    ${CMAKE_CURRENT_LIST_DIR}/cuda_events.cc)
+  # cuda.h only: the driver is opened with dlopen, never linked.
+  target_include_directories(tandem_backend_cuda SYSTEM PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
+  target_compile_definitions(tandem_backend_cuda PRIVATE TANDEM_CUDA_BACKEND=1)
+  target_link_libraries(tandem_backend_cuda PRIVATE fmt::fmt Threads::Threads ${CMAKE_DL_LIBS})
+  set_property(GLOBAL PROPERTY TANDEM_CUDA_BACKEND_SOURCES ON)
+else()
+  message(STATUS "CUDA toolkit headers not found: tandemd's CUDA backend is a placeholder")
+endif()

@@ -1,0 +1,295 @@
+#include "opencl_backend.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+
+#include "tandem/log.h"
+
+namespace tandem::server::opencl {
+
+const char* ClErrorName(cl_int err) {
+  switch (err) {
+#define CASE(e) \
+  case e:       \
+    return #e;
+    CASE(CL_SUCCESS) CASE(CL_DEVICE_NOT_FOUND) CASE(CL_DEVICE_NOT_AVAILABLE) CASE(CL_COMPILER_NOT_AVAILABLE)
+    CASE(CL_MEM_OBJECT_ALLOCATION_FAILURE) CASE(CL_OUT_OF_RESOURCES) CASE(CL_OUT_OF_HOST_MEMORY)
+    CASE(CL_PROFILING_INFO_NOT_AVAILABLE) CASE(CL_MEM_COPY_OVERLAP) CASE(CL_IMAGE_FORMAT_MISMATCH)
+    CASE(CL_IMAGE_FORMAT_NOT_SUPPORTED) CASE(CL_BUILD_PROGRAM_FAILURE) CASE(CL_MAP_FAILURE)
+    CASE(CL_MISALIGNED_SUB_BUFFER_OFFSET) CASE(CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST)
+    CASE(CL_COMPILE_PROGRAM_FAILURE) CASE(CL_LINKER_NOT_AVAILABLE) CASE(CL_LINK_PROGRAM_FAILURE)
+    CASE(CL_DEVICE_PARTITION_FAILED) CASE(CL_KERNEL_ARG_INFO_NOT_AVAILABLE) CASE(CL_INVALID_VALUE)
+    CASE(CL_INVALID_DEVICE_TYPE) CASE(CL_INVALID_PLATFORM) CASE(CL_INVALID_DEVICE) CASE(CL_INVALID_CONTEXT)
+    CASE(CL_INVALID_QUEUE_PROPERTIES) CASE(CL_INVALID_COMMAND_QUEUE) CASE(CL_INVALID_HOST_PTR)
+    CASE(CL_INVALID_MEM_OBJECT) CASE(CL_INVALID_IMAGE_FORMAT_DESCRIPTOR) CASE(CL_INVALID_IMAGE_SIZE)
+    CASE(CL_INVALID_SAMPLER) CASE(CL_INVALID_BINARY) CASE(CL_INVALID_BUILD_OPTIONS) CASE(CL_INVALID_PROGRAM)
+    CASE(CL_INVALID_PROGRAM_EXECUTABLE) CASE(CL_INVALID_KERNEL_NAME) CASE(CL_INVALID_KERNEL_DEFINITION)
+    CASE(CL_INVALID_KERNEL) CASE(CL_INVALID_ARG_INDEX) CASE(CL_INVALID_ARG_VALUE) CASE(CL_INVALID_ARG_SIZE)
+    CASE(CL_INVALID_KERNEL_ARGS) CASE(CL_INVALID_WORK_DIMENSION) CASE(CL_INVALID_WORK_GROUP_SIZE)
+    CASE(CL_INVALID_WORK_ITEM_SIZE) CASE(CL_INVALID_GLOBAL_OFFSET) CASE(CL_INVALID_EVENT_WAIT_LIST)
+    CASE(CL_INVALID_EVENT) CASE(CL_INVALID_OPERATION) CASE(CL_INVALID_GL_OBJECT) CASE(CL_INVALID_BUFFER_SIZE)
+    CASE(CL_INVALID_MIP_LEVEL) CASE(CL_INVALID_GLOBAL_WORK_SIZE) CASE(CL_INVALID_PROPERTY)
+    CASE(CL_INVALID_IMAGE_DESCRIPTOR) CASE(CL_INVALID_COMPILER_OPTIONS) CASE(CL_INVALID_LINKER_OPTIONS)
+    CASE(CL_INVALID_DEVICE_PARTITION_COUNT) CASE(CL_INVALID_PIPE_SIZE) CASE(CL_INVALID_DEVICE_QUEUE)
+    CASE(CL_INVALID_SPEC_ID) CASE(CL_MAX_SIZE_RESTRICTION_EXCEEDED) CASE(CL_PLATFORM_NOT_FOUND_KHR)
+#undef CASE
+    default:
+      return "CL_UNKNOWN_ERROR";
+  }
+}
+
+Status ClError(cl_int err, std::string_view call, std::string_view detail) {
+  return Status::Native(Api::kOpenCL, err,
+                        detail.empty() ? fmt::format("{} failed: {} ({})", call, ClErrorName(err), err)
+                                       : fmt::format("{} failed: {} ({}): {}", call, ClErrorName(err), err, detail));
+}
+
+namespace {
+
+// Tandem's own platform must never serve Tandem (a loop through the network).
+bool IsTandemPlatform(cl_platform_id p, const std::string& name) {
+  std::string suffix;
+  QueryString([&](size_t n, void* v, size_t* r) { return clGetPlatformInfo(p, CL_PLATFORM_ICD_SUFFIX_KHR, n, v, r); },
+              &suffix);
+  return name == "Tandem" || suffix == "TDM";
+}
+
+// --devices: comma-separated indices into the list of every usable device, in order.
+Result<std::vector<size_t>> ParseFilter(const std::string& filter, size_t count) {
+  std::vector<size_t> out;
+  if (filter.empty()) {
+    for (size_t i = 0; i < count; ++i) out.push_back(i);
+    return out;
+  }
+  size_t start = 0;
+  while (start <= filter.size()) {
+    size_t end = filter.find(',', start);
+    if (end == std::string::npos) end = filter.size();
+    std::string_view item(filter.data() + start, end - start);
+    size_t index = 0;
+    auto [p, ec] = std::from_chars(item.data(), item.data() + item.size(), index);
+    if (ec != std::errc() || p != item.data() + item.size() || index >= count)
+      return Status::Invalid(fmt::format("--devices '{}': '{}' is not a device index below {}", filter, item, count));
+    if (std::find(out.begin(), out.end(), index) == out.end()) out.push_back(index);
+    start = end + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Backend>> Open(const BackendOptions& options) {
+  cl_uint num_platforms = 0;
+  cl_int err = clGetPlatformIDs(0, nullptr, &num_platforms);
+  if (err == CL_PLATFORM_NOT_FOUND_KHR || (err == CL_SUCCESS && num_platforms == 0))
+    return Status(Code::kUnimplemented, "no OpenCL platform is installed (no ICD in /etc/OpenCL/vendors)");
+  if (err != CL_SUCCESS) return ClError(err, "clGetPlatformIDs");
+  std::vector<cl_platform_id> platforms(num_platforms);
+  err = clGetPlatformIDs(num_platforms, platforms.data(), nullptr);
+  if (err != CL_SUCCESS) return ClError(err, "clGetPlatformIDs");
+
+  // Every device of every platform but Tandem's, in platform order.
+  std::vector<Device> all;
+  std::vector<std::string> platform_names;
+  for (cl_platform_id p : platforms) {
+    std::string pname;
+    err = QueryString([&](size_t n, void* v, size_t* r) { return clGetPlatformInfo(p, CL_PLATFORM_NAME, n, v, r); },
+                      &pname);
+    if (err != CL_SUCCESS) return ClError(err, "clGetPlatformInfo(CL_PLATFORM_NAME)");
+    if (IsTandemPlatform(p, pname)) continue;
+    cl_uint n = 0;
+    err = clGetDeviceIDs(p, CL_DEVICE_TYPE_ALL, 0, nullptr, &n);
+    if (err == CL_DEVICE_NOT_FOUND || n == 0) continue;
+    if (err != CL_SUCCESS) return ClError(err, "clGetDeviceIDs", pname);
+    std::vector<cl_device_id> ids(n);
+    err = clGetDeviceIDs(p, CL_DEVICE_TYPE_ALL, n, ids.data(), nullptr);
+    if (err != CL_SUCCESS) return ClError(err, "clGetDeviceIDs", pname);
+    for (cl_device_id id : ids) {
+      Device d;
+      d.platform = p;
+      d.id = id;
+      d.platform_name = pname;
+      err = QueryString([&](size_t sz, void* v, size_t* r) { return clGetDeviceInfo(id, CL_DEVICE_NAME, sz, v, r); },
+                        &d.name);
+      if (err != CL_SUCCESS) return ClError(err, "clGetDeviceInfo(CL_DEVICE_NAME)");
+      all.push_back(std::move(d));
+    }
+  }
+  if (all.empty()) return Status(Code::kUnimplemented, "no OpenCL device (other than Tandem's own)");
+
+  auto chosen = ParseFilter(options.devices, all.size());
+  if (!chosen.ok()) return chosen.status();
+  std::vector<Device> devices;
+  for (size_t i : chosen.value()) {
+    Device& d = all[i];
+    // One context per device: a session may use devices of different platforms.
+    cl_context_properties props[] = {CL_CONTEXT_PLATFORM, reinterpret_cast<cl_context_properties>(d.platform), 0};
+    cl_context ctx = clCreateContext(props, 1, &d.id, nullptr, nullptr, &err);
+    if (err != CL_SUCCESS) return ClError(err, "clCreateContext", d.name);
+    d.context.reset(ctx);
+    if (std::find(platform_names.begin(), platform_names.end(), d.platform_name) == platform_names.end())
+      platform_names.push_back(d.platform_name);
+    devices.push_back(std::move(d));
+  }
+  std::string name = "opencl (";
+  for (size_t i = 0; i < platform_names.size(); ++i) name += (i ? ", " : "") + platform_names[i];
+  name += ")";
+  return std::unique_ptr<Backend>(new OpenCLBackend(std::move(devices), std::move(name)));
+}
+
+OpenCLBackend::OpenCLBackend(std::vector<Device> devices, std::string name)
+    : name_(std::move(name)), devices_(std::move(devices)) {}
+
+OpenCLBackend::~OpenCLBackend() = default;
+
+// ---- handles --------------------------------------------------------------------------
+
+Result<Device*> OpenCLBackend::DeviceAt(uint64_t index) {
+  if (index >= devices_.size())
+    return Status::Invalid(fmt::format("device {} does not exist (this server has {})", index, devices_.size()));
+  return &devices_[index];
+}
+
+template <class T>
+Result<T*> OpenCLBackend::Find(std::unordered_map<uint64_t, T>& table, uint64_t handle, std::string_view kind) {
+  auto it = table.find(handle);
+  if (it == table.end()) return Status::Unknown(fmt::format("unknown {} handle {:#x}", kind, handle));
+  return &it->second;
+}
+
+template <class T>
+Status OpenCLBackend::CheckNew(const std::unordered_map<uint64_t, T>& table, uint64_t handle,
+                               std::string_view kind) const {
+  if (handle == 0) return Status::Invalid(fmt::format("{} handle 0 is reserved", kind));
+  if (table.contains(handle)) return Status::Invalid(fmt::format("{} handle {:#x} is already live", kind, handle));
+  return Status::Ok();
+}
+
+// offset + size inside the buffer, written so that no sum can overflow.
+Status OpenCLBackend::CheckRange(const Buffer& b, uint64_t handle, uint64_t offset, uint64_t size) const {
+  if (size == 0) return Status::Invalid(fmt::format("zero-byte access to buffer {:#x}", handle));
+  if (offset > b.size || size > b.size - offset)
+    return Status::Invalid(
+        fmt::format("bytes [{}, +{}) are outside buffer {:#x} of {} bytes", offset, size, handle, b.size));
+  return Status::Ok();
+}
+
+// Explicit instantiations for every table type (the families' files use them).
+template Result<Buffer*> OpenCLBackend::Find(std::unordered_map<uint64_t, Buffer>&, uint64_t, std::string_view);
+template Result<Module*> OpenCLBackend::Find(std::unordered_map<uint64_t, Module>&, uint64_t, std::string_view);
+template Result<Function*> OpenCLBackend::Find(std::unordered_map<uint64_t, Function>&, uint64_t, std::string_view);
+template Result<Stream*> OpenCLBackend::Find(std::unordered_map<uint64_t, Stream>&, uint64_t, std::string_view);
+template Result<Event*> OpenCLBackend::Find(std::unordered_map<uint64_t, Event>&, uint64_t, std::string_view);
+template Status OpenCLBackend::CheckNew(const std::unordered_map<uint64_t, Buffer>&, uint64_t,
+                                        std::string_view) const;
+template Status OpenCLBackend::CheckNew(const std::unordered_map<uint64_t, Module>&, uint64_t,
+                                        std::string_view) const;
+template Status OpenCLBackend::CheckNew(const std::unordered_map<uint64_t, Function>&, uint64_t,
+                                        std::string_view) const;
+template Status OpenCLBackend::CheckNew(const std::unordered_map<uint64_t, Stream>&, uint64_t,
+                                        std::string_view) const;
+template Status OpenCLBackend::CheckNew(const std::unordered_map<uint64_t, Event>&, uint64_t,
+                                        std::string_view) const;
+
+// ---- queues, wait lists, signals -----------------------------------------------------------
+
+Result<cl_command_queue> OpenCLBackend::DefaultQueue(uint32_t device) {
+  Device& d = devices_[device];
+  if (!d.default_queue) {
+    cl_queue_properties props[] = {CL_QUEUE_PROPERTIES, CL_QUEUE_PROFILING_ENABLE, 0};
+    cl_int err = CL_SUCCESS;
+    cl_command_queue q = clCreateCommandQueueWithProperties(d.context.get(), d.id, props, &err);
+    if (err != CL_SUCCESS) return ClError(err, "clCreateCommandQueueWithProperties", "default queue");
+    d.default_queue.reset(q);
+  }
+  return d.default_queue.get();
+}
+
+Status OpenCLBackend::Prepare(uint64_t stream, uint32_t device, const ir::u64s& wait, uint64_t signal, Enqueue* e) {
+  e->device = device;
+  if (stream == 0) {
+    auto q = DefaultQueue(device);
+    if (!q.ok()) return q.status();
+    e->queue = q.value();
+  } else {
+    auto s = Find(streams_, stream, "stream");
+    if (!s.ok()) return s.status();
+    if (s.value()->device != device)
+      return Status::Invalid(fmt::format("stream {:#x} is on device {}, the command's objects on device {}", stream,
+                                         s.value()->device, device));
+    e->queue = s.value()->queue.get();
+  }
+  // A user event stays the client's to set: it cannot be re-bound to a command.
+  if (signal != 0) {
+    auto it = events_.find(signal);
+    if (it != events_.end() && it->second.user)
+      return Status::Invalid(fmt::format("signal {:#x} is a live user event", signal));
+  }
+  e->signal = signal;
+  // OpenCL wait lists must share the queue's context: other devices' events are waited
+  // for here, on the host, before the command is enqueued.
+  for (uint64_t h : wait) {
+    auto ev = Find(events_, h, "event");
+    if (!ev.ok()) return ev.status();
+    cl_event ce = ev.value()->event.get();
+    if (!ce) continue;  // never signalled: complete
+    if (ev.value()->device == device) {
+      e->wait.push_back(ce);
+      continue;
+    }
+    cl_int err = clWaitForEvents(1, &ce);
+    if (err != CL_SUCCESS) return ClError(err, "clWaitForEvents", fmt::format("event {:#x} of another device", h));
+  }
+  return Status::Ok();
+}
+
+void OpenCLBackend::Complete(Enqueue& e) {
+  if (!e.done) return;
+  if (e.signal == 0) {
+    clReleaseEvent(e.done);
+  } else {
+    // Re-signalling an event handle (CUDA's re-record) replaces its previous command.
+    Event& ev = events_[e.signal];
+    ev.event.reset(e.done);
+    ev.device = e.device;
+    ev.user = false;
+  }
+  e.done = nullptr;
+}
+
+Status OpenCLBackend::WaitOnHost(Enqueue& e) {
+  if (e.wait.empty()) return Status::Ok();
+  cl_int err = clWaitForEvents(e.num_wait(), e.wait_list());
+  if (err != CL_SUCCESS) return ClError(err, "clWaitForEvents");
+  e.wait.clear();
+  return Status::Ok();
+}
+
+Status OpenCLBackend::FinishDevice(uint32_t device) {
+  if (cl_command_queue q = devices_[device].default_queue.get()) {
+    cl_int err = clFinish(q);
+    if (err != CL_SUCCESS) return ClError(err, "clFinish", "default queue");
+  }
+  for (auto& [h, s] : streams_) {
+    if (s.device != device) continue;
+    cl_int err = clFinish(s.queue.get());
+    if (err != CL_SUCCESS) return ClError(err, "clFinish", fmt::format("stream {:#x}", h));
+  }
+  return Status::Ok();
+}
+
+Status OpenCLBackend::OnDeviceSync(const ir::DeviceSyncReq& req, ir::DeviceSyncRep*) {
+  auto d = DeviceAt(req.device);
+  if (!d.ok()) return d.status();
+  return FinishDevice(static_cast<uint32_t>(req.device));
+}
+
+}  // namespace tandem::server::opencl
+
+namespace tandem::server {
+
+Result<std::unique_ptr<Backend>> MakeOpenCLBackend(const BackendOptions& options) { return opencl::Open(options); }
+
+}  // namespace tandem::server

@@ -1,0 +1,207 @@
+// The OpenCL backend: runs a session's commands on the devices of every OpenCL platform
+// except Tandem's own, one cl_context per device. Client-chosen handles map to OpenCL
+// objects in per-type tables; every field is checked before it reaches OpenCL, and
+// OpenCL's own errors come back as Status::Native(Api::kOpenCL, err, ...).
+//
+// The implementation is split by API family: opencl_backend.cc (discovery, handles,
+// queues and wait lists), opencl_device_info.cc, opencl_memory.cc, opencl_program.cc,
+// opencl_launch.cc, opencl_events.cc.
+#pragma once
+
+#define CL_USE_DEPRECATED_OPENCL_1_2_APIS
+#include <CL/cl.h>
+#include <CL/cl_ext.h>
+
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "tandem/server/backend.h"
+
+namespace tandem::server::opencl {
+
+// Owns one reference to an OpenCL object and releases it with the matching clRelease*.
+template <class T, cl_int (*Release)(T)>
+class Ref {
+ public:
+  Ref() = default;
+  explicit Ref(T v) : v_(v) {}
+  Ref(Ref&& o) noexcept : v_(std::exchange(o.v_, nullptr)) {}
+  Ref& operator=(Ref&& o) noexcept {
+    if (this != &o) reset(std::exchange(o.v_, nullptr));
+    return *this;
+  }
+  Ref(const Ref&) = delete;
+  Ref& operator=(const Ref&) = delete;
+  ~Ref() { reset(); }
+  void reset(T v = nullptr) {
+    if (v_) Release(v_);
+    v_ = v;
+  }
+  T get() const { return v_; }
+  explicit operator bool() const { return v_ != nullptr; }
+
+ private:
+  T v_ = nullptr;
+};
+using ContextRef = Ref<cl_context, clReleaseContext>;
+using QueueRef = Ref<cl_command_queue, clReleaseCommandQueue>;
+using MemRef = Ref<cl_mem, clReleaseMemObject>;
+using ProgramRef = Ref<cl_program, clReleaseProgram>;
+using KernelRef = Ref<cl_kernel, clReleaseKernel>;
+using EventRef = Ref<cl_event, clReleaseEvent>;
+
+// Discovers the platforms and devices and creates one context per device.
+Result<std::unique_ptr<Backend>> Open(const BackendOptions& options);
+
+// "clXxx failed: CL_INVALID_VALUE (-30)[: detail]" as a native OpenCL status.
+Status ClError(cl_int err, std::string_view call, std::string_view detail = {});
+const char* ClErrorName(cl_int err);
+
+struct Device {
+  cl_platform_id platform = nullptr;
+  cl_device_id id = nullptr;
+  std::string name;
+  std::string platform_name;
+  ContextRef context;
+  QueueRef default_queue;  // stream 0: created on first use, with profiling
+};
+struct Buffer {
+  MemRef mem;
+  uint32_t device = 0;
+  uint64_t size = 0;
+};
+struct Module {
+  ProgramRef program;
+  uint32_t device = 0;
+};
+struct Function {
+  KernelRef kernel;
+  uint32_t device = 0;
+  uint32_t num_args = 0;
+};
+struct Stream {
+  QueueRef queue;
+  uint32_t device = 0;
+};
+struct Event {
+  EventRef event;  // null: created by EventCreate and not yet signalled (complete, as in CUDA)
+  uint32_t device = 0;
+  bool user = false;
+};
+
+// One enqueue's queue, resolved wait list and signal, prepared before the OpenCL call.
+struct Enqueue {
+  cl_command_queue queue = nullptr;
+  uint32_t device = 0;
+  std::vector<cl_event> wait;
+  uint64_t signal = 0;
+  cl_event done = nullptr;  // the command's event, filled by the enqueue call
+  cl_uint num_wait() const { return static_cast<cl_uint>(wait.size()); }
+  const cl_event* wait_list() const { return wait.empty() ? nullptr : wait.data(); }
+  // Where the enqueue call writes its event: only when a signal (or the caller) needs it.
+  cl_event* event_out(bool needed = false) { return signal || needed ? &done : nullptr; }
+};
+
+class OpenCLBackend : public Backend {
+ public:
+  OpenCLBackend(std::vector<Device> devices, std::string name);
+  ~OpenCLBackend() override;
+
+  std::string name() const override { return name_; }
+  uint32_t device_count() const override { return static_cast<uint32_t>(devices_.size()); }
+
+  Status OnDeviceInfo(const ir::DeviceInfoReq&, ir::DeviceInfoRep*) override;
+  Status OnDeviceSync(const ir::DeviceSyncReq&, ir::DeviceSyncRep*) override;
+
+  Status OnBufferAlloc(const ir::BufferAllocReq&, ir::BufferAllocRep*) override;
+  Status OnBufferFree(const ir::BufferFreeReq&, ir::BufferFreeRep*) override;
+  Status OnBufferWrite(const ir::BufferWriteReq&, ir::BufferWriteRep*) override;
+  Status OnBufferRead(const ir::BufferReadReq&, ir::BufferReadRep*) override;
+  Status OnBufferCopy(const ir::BufferCopyReq&, ir::BufferCopyRep*) override;
+  Status OnBufferFill(const ir::BufferFillReq&, ir::BufferFillRep*) override;
+  Status OnBufferCopyRect(const ir::BufferCopyRectReq&, ir::BufferCopyRectRep*) override;
+
+  Status OnModuleLoad(const ir::ModuleLoadReq&, ir::ModuleLoadRep*) override;
+  Status OnModuleBuild(const ir::ModuleBuildReq&, ir::ModuleBuildRep*) override;
+  Status OnModuleBinary(const ir::ModuleBinaryReq&, ir::ModuleBinaryRep*) override;
+  Status OnModuleFree(const ir::ModuleFreeReq&, ir::ModuleFreeRep*) override;
+  Status OnFunctionGet(const ir::FunctionGetReq&, ir::FunctionGetRep*) override;
+  Status OnFunctionFree(const ir::FunctionFreeReq&, ir::FunctionFreeRep*) override;
+
+  Status OnLaunch(const ir::LaunchReq&, ir::LaunchRep*) override;
+
+  Status OnStreamCreate(const ir::StreamCreateReq&, ir::StreamCreateRep*) override;
+  Status OnStreamDestroy(const ir::StreamDestroyReq&, ir::StreamDestroyRep*) override;
+  Status OnStreamSync(const ir::StreamSyncReq&, ir::StreamSyncRep*) override;
+  Status OnStreamFlush(const ir::StreamFlushReq&, ir::StreamFlushRep*) override;
+  Status OnMarker(const ir::MarkerReq&, ir::MarkerRep*) override;
+  Status OnEventCreate(const ir::EventCreateReq&, ir::EventCreateRep*) override;
+  Status OnEventDestroy(const ir::EventDestroyReq&, ir::EventDestroyRep*) override;
+  Status OnEventQuery(const ir::EventQueryReq&, ir::EventQueryRep*) override;
+  Status OnEventWait(const ir::EventWaitReq&, ir::EventWaitRep*) override;
+  Status OnEventTimes(const ir::EventTimesReq&, ir::EventTimesRep*) override;
+  Status OnUserEventSet(const ir::UserEventSetReq&, ir::UserEventSetRep*) override;
+
+ private:
+  // ---- handles (opencl_backend.cc) ----
+  Result<Device*> DeviceAt(uint64_t index);
+  template <class T>
+  Result<T*> Find(std::unordered_map<uint64_t, T>& table, uint64_t handle, std::string_view kind);
+  template <class T>
+  Status CheckNew(const std::unordered_map<uint64_t, T>& table, uint64_t handle, std::string_view kind) const;
+  Status CheckRange(const Buffer& b, uint64_t handle, uint64_t offset, uint64_t size) const;
+
+  // ---- enqueues (opencl_backend.cc) ----
+  Result<cl_command_queue> DefaultQueue(uint32_t device);
+  // Resolves stream (0: the device's default queue), wait list and signal for `device`.
+  Status Prepare(uint64_t stream, uint32_t device, const ir::u64s& wait, uint64_t signal, Enqueue* e);
+  // Binds the command's event to its signal handle (or releases it when there is none).
+  void Complete(Enqueue& e);
+  // Waits on the host for a prepared wait list (used where a chunked copy must not block
+  // on device events between chunks).
+  Status WaitOnHost(Enqueue& e);
+  Status FinishDevice(uint32_t device);
+
+  // ---- memory (opencl_memory.cc) ----
+  Status WriteInline(const ir::BufferWriteReq& req, Buffer& b, Enqueue& e);
+  Status WriteRemote(const ir::BufferWriteReq& req, Buffer& b, Enqueue& e);
+  Status ReadRemote(const ir::BufferReadReq& req, Buffer& b, Enqueue& e);
+  Status SignalAfter(Enqueue& e);
+
+  // ---- programs (opencl_program.cc) ----
+  Status DescribeKernel(cl_kernel kernel, cl_device_id device, ir::FunctionInfo* info);
+
+  std::string name_;
+  // Declared first so it is destroyed last: every object below belongs to a context here.
+  std::vector<Device> devices_;
+  std::unordered_map<uint64_t, Buffer> buffers_;
+  std::unordered_map<uint64_t, Module> modules_;
+  std::unordered_map<uint64_t, Function> functions_;
+  std::unordered_map<uint64_t, Stream> streams_;
+  std::unordered_map<uint64_t, Event> events_;
+};
+
+// Reads a clGet*Info answer of any size into bytes.
+template <class Fn>
+cl_int QueryBytes(Fn&& query, std::vector<uint8_t>* out) {
+  size_t size = 0;
+  cl_int err = query(0, nullptr, &size);
+  if (err != CL_SUCCESS) return err;
+  out->assign(size, 0);
+  return size ? query(size, out->data(), nullptr) : CL_SUCCESS;
+}
+// Same, for a string answer (without its terminating NUL).
+template <class Fn>
+cl_int QueryString(Fn&& query, std::string* out) {
+  std::vector<uint8_t> bytes;
+  cl_int err = QueryBytes(query, &bytes);
+  if (err != CL_SUCCESS) return err;
+  out->assign(bytes.begin(), bytes.end());
+  while (!out->empty() && out->back() == '\0') out->pop_back();
+  return CL_SUCCESS;
+}
+
+}  // namespace tandem::server::opencl

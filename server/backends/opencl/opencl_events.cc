@@ -1,0 +1,180 @@
+// Streams (command queues), markers and barriers, and events: user events, status
+// queries, waits and profiling times.
+#include <fmt/format.h>
+
+#include "opencl_backend.h"
+
+namespace tandem::server::opencl {
+
+Status OpenCLBackend::OnStreamCreate(const ir::StreamCreateReq& req, ir::StreamCreateRep*) {
+  TANDEM_RETURN_IF_ERROR(CheckNew(streams_, req.stream, "stream"));
+  auto d = DeviceAt(req.device);
+  if (!d.ok()) return d.status();
+  constexpr uint32_t kKnown = ir::kStreamProfiling | ir::kStreamOutOfOrder | ir::kStreamNonBlocking;
+  if (req.flags & ~kKnown) return Status::Invalid(fmt::format("unknown stream flags {:#x}", req.flags & ~kKnown));
+  // kStreamNonBlocking (no implicit sync with stream 0) is what OpenCL queues always are;
+  // priority is a CUDA hint that OpenCL queues cannot take without an extension.
+  cl_command_queue_properties qp = 0;
+  if (req.flags & ir::kStreamProfiling) qp |= CL_QUEUE_PROFILING_ENABLE;
+  if (req.flags & ir::kStreamOutOfOrder) qp |= CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE;
+  cl_queue_properties props[] = {CL_QUEUE_PROPERTIES, qp, 0};
+  cl_int err = CL_SUCCESS;
+  cl_command_queue q = clCreateCommandQueueWithProperties(d.value()->context.get(), d.value()->id, props, &err);
+  if (err != CL_SUCCESS) return ClError(err, "clCreateCommandQueueWithProperties");
+  streams_[req.stream] = Stream{QueueRef(q), static_cast<uint32_t>(req.device)};
+  return Status::Ok();
+}
+
+Status OpenCLBackend::OnStreamDestroy(const ir::StreamDestroyReq& req, ir::StreamDestroyRep*) {
+  auto s = Find(streams_, req.stream, "stream");
+  if (!s.ok()) return s.status();
+  streams_.erase(req.stream);  // releasing flushes; enqueued commands still complete
+  return Status::Ok();
+}
+
+// Stream 0 stands for every device's default queue.
+Status OpenCLBackend::OnStreamSync(const ir::StreamSyncReq& req, ir::StreamSyncRep*) {
+  if (req.stream == 0) {
+    for (Device& d : devices_) {
+      if (!d.default_queue) continue;
+      cl_int err = clFinish(d.default_queue.get());
+      if (err != CL_SUCCESS) return ClError(err, "clFinish", d.name);
+    }
+    return Status::Ok();
+  }
+  auto s = Find(streams_, req.stream, "stream");
+  if (!s.ok()) return s.status();
+  cl_int err = clFinish(s.value()->queue.get());
+  return err == CL_SUCCESS ? Status::Ok() : ClError(err, "clFinish");
+}
+
+Status OpenCLBackend::OnStreamFlush(const ir::StreamFlushReq& req, ir::StreamFlushRep*) {
+  if (req.stream == 0) {
+    for (Device& d : devices_) {
+      if (!d.default_queue) continue;
+      cl_int err = clFlush(d.default_queue.get());
+      if (err != CL_SUCCESS) return ClError(err, "clFlush", d.name);
+    }
+    return Status::Ok();
+  }
+  auto s = Find(streams_, req.stream, "stream");
+  if (!s.ok()) return s.status();
+  cl_int err = clFlush(s.value()->queue.get());
+  return err == CL_SUCCESS ? Status::Ok() : ClError(err, "clFlush");
+}
+
+// A marker (or barrier) on stream 0, which names no object, goes to device 0's default queue.
+Status OpenCLBackend::OnMarker(const ir::MarkerReq& req, ir::MarkerRep*) {
+  uint32_t device = 0;
+  if (req.stream != 0) {
+    auto s = Find(streams_, req.stream, "stream");
+    if (!s.ok()) return s.status();
+    device = s.value()->device;
+  }
+  if (req.barrier > 1) return Status::Invalid(fmt::format("Marker barrier flag {} (0 or 1)", req.barrier));
+  Enqueue e;
+  TANDEM_RETURN_IF_ERROR(Prepare(req.stream, device, req.wait, req.signal, &e));
+  cl_int err = req.barrier ? clEnqueueBarrierWithWaitList(e.queue, e.num_wait(), e.wait_list(), e.event_out())
+                           : clEnqueueMarkerWithWaitList(e.queue, e.num_wait(), e.wait_list(), e.event_out());
+  if (err != CL_SUCCESS)
+    return ClError(err, req.barrier ? "clEnqueueBarrierWithWaitList" : "clEnqueueMarkerWithWaitList");
+  Complete(e);
+  return Status::Ok();
+}
+
+// A user event is a cl_event the client sets; any other event is a name that commands'
+// signals bind to later (complete until then, as an unrecorded CUDA event is).
+Status OpenCLBackend::OnEventCreate(const ir::EventCreateReq& req, ir::EventCreateRep*) {
+  TANDEM_RETURN_IF_ERROR(CheckNew(events_, req.event, "event"));
+  auto d = DeviceAt(req.device);
+  if (!d.ok()) return d.status();
+  constexpr uint32_t kKnown = ir::kEventUser | ir::kEventTiming | ir::kEventBlockingSync;
+  if (req.flags & ~kKnown) return Status::Invalid(fmt::format("unknown event flags {:#x}", req.flags & ~kKnown));
+  Event ev;
+  ev.device = static_cast<uint32_t>(req.device);
+  if (req.flags & ir::kEventUser) {
+    cl_int err = CL_SUCCESS;
+    cl_event ce = clCreateUserEvent(d.value()->context.get(), &err);
+    if (err != CL_SUCCESS) return ClError(err, "clCreateUserEvent");
+    ev.event.reset(ce);
+    ev.user = true;
+  }
+  events_[req.event] = std::move(ev);
+  return Status::Ok();
+}
+
+Status OpenCLBackend::OnEventDestroy(const ir::EventDestroyReq& req, ir::EventDestroyRep*) {
+  auto ev = Find(events_, req.event, "event");
+  if (!ev.ok()) return ev.status();
+  events_.erase(req.event);
+  return Status::Ok();
+}
+
+Status OpenCLBackend::OnEventQuery(const ir::EventQueryReq& req, ir::EventQueryRep* rep) {
+  auto ev = Find(events_, req.event, "event");
+  if (!ev.ok()) return ev.status();
+  cl_event ce = ev.value()->event.get();
+  if (!ce) {
+    rep->status = CL_COMPLETE;
+    return Status::Ok();
+  }
+  cl_int st = 0;
+  cl_int err = clGetEventInfo(ce, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof(st), &st, nullptr);
+  if (err != CL_SUCCESS) return ClError(err, "clGetEventInfo(CL_EVENT_COMMAND_EXECUTION_STATUS)");
+  rep->status = st;
+  return Status::Ok();
+}
+
+// Waits for each event in turn; a failed command is its (negative) status, not an error.
+Status OpenCLBackend::OnEventWait(const ir::EventWaitReq& req, ir::EventWaitRep* rep) {
+  std::vector<cl_event> events;
+  for (uint64_t h : req.events) {
+    auto ev = Find(events_, h, "event");
+    if (!ev.ok()) return ev.status();
+    events.push_back(ev.value()->event.get());
+  }
+  for (cl_event ce : events) {
+    if (!ce) {
+      rep->statuses.push_back(CL_COMPLETE);
+      continue;
+    }
+    cl_int err = clWaitForEvents(1, &ce);
+    if (err != CL_SUCCESS && err != CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST)
+      return ClError(err, "clWaitForEvents");
+    cl_int st = 0;
+    err = clGetEventInfo(ce, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof(st), &st, nullptr);
+    if (err != CL_SUCCESS) return ClError(err, "clGetEventInfo(CL_EVENT_COMMAND_EXECUTION_STATUS)");
+    rep->statuses.push_back(st);
+  }
+  return Status::Ok();
+}
+
+Status OpenCLBackend::OnEventTimes(const ir::EventTimesReq& req, ir::EventTimesRep* rep) {
+  auto ev = Find(events_, req.event, "event");
+  if (!ev.ok()) return ev.status();
+  cl_event ce = ev.value()->event.get();
+  if (!ce) return ClError(CL_PROFILING_INFO_NOT_AVAILABLE, "clGetEventProfilingInfo", "the event was never signalled");
+  const std::pair<cl_profiling_info, uint64_t*> times[] = {{CL_PROFILING_COMMAND_QUEUED, &rep->queued},
+                                                           {CL_PROFILING_COMMAND_SUBMIT, &rep->submit},
+                                                           {CL_PROFILING_COMMAND_START, &rep->start},
+                                                           {CL_PROFILING_COMMAND_END, &rep->end}};
+  for (auto [param, out] : times) {
+    cl_ulong t = 0;
+    cl_int err = clGetEventProfilingInfo(ce, param, sizeof(t), &t, nullptr);
+    if (err != CL_SUCCESS) return ClError(err, "clGetEventProfilingInfo");
+    *out = t;
+  }
+  return Status::Ok();
+}
+
+Status OpenCLBackend::OnUserEventSet(const ir::UserEventSetReq& req, ir::UserEventSetRep*) {
+  auto ev = Find(events_, req.event, "event");
+  if (!ev.ok()) return ev.status();
+  if (!ev.value()->user) return Status::Invalid(fmt::format("event {:#x} is not a user event", req.event));
+  if (req.status > 0)
+    return Status::Invalid(fmt::format("user event status {} (CL_COMPLETE or a negative error)", req.status));
+  cl_int err = clSetUserEventStatus(ev.value()->event.get(), req.status);
+  return err == CL_SUCCESS ? Status::Ok() : ClError(err, "clSetUserEventStatus");
+}
+
+}  // namespace tandem::server::opencl

@@ -1,0 +1,94 @@
+// Launch: arguments set from the IR's argument list, then clEnqueueNDRangeKernel with the
+// global size (grid), optional local size (block) and optional global offset.
+#include <fmt/format.h>
+
+#include <array>
+
+#include "opencl_backend.h"
+
+namespace tandem::server::opencl {
+namespace {
+
+Status CheckVector(const ir::u64s& v, uint32_t dims, bool optional, std::string_view what) {
+  if (optional && v.empty()) return Status::Ok();
+  if (v.size() != dims) return Status::Invalid(fmt::format("{} has {} values for {} dimensions", what, v.size(), dims));
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status OpenCLBackend::OnLaunch(const ir::LaunchReq& req, ir::LaunchRep*) {
+  auto f = Find(functions_, req.function, "function");
+  if (!f.ok()) return f.status();
+  Function& fn = *f.value();
+  if (req.dims < 1 || req.dims > 3) return Status::Invalid(fmt::format("launch with {} dimensions (1 to 3)", req.dims));
+  TANDEM_RETURN_IF_ERROR(CheckVector(req.grid, req.dims, false, "global size"));
+  TANDEM_RETURN_IF_ERROR(CheckVector(req.block, req.dims, true, "local size"));
+  TANDEM_RETURN_IF_ERROR(CheckVector(req.offset, req.dims, true, "global offset"));
+  for (uint32_t i = 0; i < req.dims; ++i) {
+    if (req.grid[i] == 0) return Status::Invalid(fmt::format("global size is 0 in dimension {}", i));
+    if (!req.block.empty() && req.block[i] == 0) return Status::Invalid(fmt::format("local size is 0 in dimension {}", i));
+  }
+  if (req.shared_bytes != 0)
+    return Status::Invalid("shared_bytes is CUDA's; OpenCL local memory is passed as local arguments");
+  if (req.flags & ir::kLaunchCooperative)
+    return Status(Code::kUnimplemented, "cooperative launches are CUDA's; OpenCL has no equivalent");
+  if (req.flags & ~uint32_t{ir::kLaunchCooperative})
+    return Status::Invalid(fmt::format("unknown launch flags {:#x}", req.flags));
+  if (req.args.size() != fn.num_args)
+    return Status::Invalid(fmt::format("kernel takes {} arguments, launch gives {}", fn.num_args, req.args.size()));
+
+  // Arguments are checked and set in order; the kernel's argument state is this session's.
+  for (cl_uint i = 0; i < req.args.size(); ++i) {
+    const ir::LaunchArg& a = req.args[i];
+    const auto kind = static_cast<ir::ArgKind>(a.kind);
+    if (kind != ir::ArgKind::kBytes && !a.data.empty())
+      return Status::Invalid(fmt::format("argument {}: only byte arguments carry data", i));
+    cl_int err = CL_SUCCESS;
+    switch (kind) {
+      case ir::ArgKind::kBytes:
+        if (a.data.empty()) return Status::Invalid(fmt::format("argument {}: empty value", i));
+        err = clSetKernelArg(fn.kernel.get(), i, a.data.size(), a.data.data());
+        break;
+      case ir::ArgKind::kBuffer: {
+        auto b = Find(buffers_, a.value, "buffer");
+        if (!b.ok()) return Status(b.status().code(), fmt::format("argument {}: {}", i, b.status().message()));
+        if (b.value()->device != fn.device)
+          return Status::Invalid(fmt::format("argument {}: buffer {:#x} is on device {}, the kernel on device {}", i,
+                                             a.value, b.value()->device, fn.device));
+        cl_mem mem = b.value()->mem.get();
+        err = clSetKernelArg(fn.kernel.get(), i, sizeof(cl_mem), &mem);
+        break;
+      }
+      case ir::ArgKind::kLocal:
+        if (a.value == 0) return Status::Invalid(fmt::format("argument {}: local memory of 0 bytes", i));
+        err = clSetKernelArg(fn.kernel.get(), i, a.value, nullptr);
+        break;
+      case ir::ArgKind::kNullBuffer: {
+        cl_mem none = nullptr;
+        err = clSetKernelArg(fn.kernel.get(), i, sizeof(cl_mem), &none);
+        break;
+      }
+      default:
+        return Status::Invalid(fmt::format("argument {}: unknown kind {}", i, a.kind));
+    }
+    if (err != CL_SUCCESS) return ClError(err, "clSetKernelArg", fmt::format("argument {}", i));
+  }
+
+  Enqueue e;
+  TANDEM_RETURN_IF_ERROR(Prepare(req.stream, fn.device, req.wait, req.signal, &e));
+  std::array<size_t, 3> grid{}, block{}, offset{};
+  for (uint32_t i = 0; i < req.dims; ++i) {
+    grid[i] = req.grid[i];
+    if (!req.block.empty()) block[i] = req.block[i];
+    if (!req.offset.empty()) offset[i] = req.offset[i];
+  }
+  cl_int err = clEnqueueNDRangeKernel(e.queue, fn.kernel.get(), req.dims, req.offset.empty() ? nullptr : offset.data(),
+                                      grid.data(), req.block.empty() ? nullptr : block.data(), e.num_wait(),
+                                      e.wait_list(), e.event_out());
+  if (err != CL_SUCCESS) return ClError(err, "clEnqueueNDRangeKernel");
+  Complete(e);
+  return Status::Ok();
+}
+
+}  // namespace tandem::server::opencl

@@ -1,0 +1,222 @@
+// Buffers: allocation, writes and reads (inline or by RMA through BulkIO), copies, fills
+// and rectangular copies. Every offset and size is checked against the buffer first.
+#include <fmt/format.h>
+
+#include <array>
+#include <memory>
+
+#include "opencl_backend.h"
+
+namespace tandem::server::opencl {
+namespace {
+
+bool HasRemote(const ir::Region& r) { return r.key != 0 || r.len != 0; }
+
+// The bytes of an inline write live until OpenCL is done with them (non-blocking write).
+void CL_CALLBACK FreeHostCopy(cl_event, cl_int, void* data) { delete static_cast<std::vector<uint8_t>*>(data); }
+
+// The bytes a rectangle touches, from OpenCL's formula (pitch 0 = tightly packed):
+// the last one is at (o2+r2-1)*slice + (o1+r1-1)*row + o0+r0-1. Overflow-safe.
+Status CheckRect(const ir::u64s& origin, const ir::u64s& region, uint64_t row, uint64_t slice, uint64_t size,
+                 std::string_view what) {
+  if (row == 0) row = region[0];
+  if (slice == 0 && __builtin_mul_overflow(region[1], row, &slice))
+    return Status::Invalid(fmt::format("{} slice pitch overflows", what));
+  uint64_t a, b, c, last;
+  const bool overflow = __builtin_add_overflow(origin[2], region[2] - 1, &a) || __builtin_mul_overflow(a, slice, &a) ||
+                        __builtin_add_overflow(origin[1], region[1] - 1, &b) || __builtin_mul_overflow(b, row, &b) ||
+                        __builtin_add_overflow(origin[0], region[0] - 1, &c) || __builtin_add_overflow(a, b, &last) ||
+                        __builtin_add_overflow(last, c, &last);
+  if (overflow || last >= size)
+    return Status::Invalid(fmt::format("{} rectangle reaches past the end of its buffer of {} bytes", what, size));
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status OpenCLBackend::OnBufferAlloc(const ir::BufferAllocReq& req, ir::BufferAllocRep*) {
+  TANDEM_RETURN_IF_ERROR(CheckNew(buffers_, req.buffer, "buffer"));
+  auto d = DeviceAt(req.device);
+  if (!d.ok()) return d.status();
+  if (req.size == 0) return Status::Invalid(fmt::format("buffer {:#x} of size 0", req.buffer));
+  constexpr uint64_t kKnown = ir::kBufferReadOnly | ir::kBufferWriteOnly | ir::kBufferHostAccessible;
+  if (req.flags & ~kKnown) return Status::Invalid(fmt::format("unknown buffer flags {:#x}", req.flags & ~kKnown));
+  if ((req.flags & ir::kBufferReadOnly) && (req.flags & ir::kBufferWriteOnly))
+    return Status::Invalid("a buffer cannot be both read-only and write-only");
+  // Always READ_WRITE: the access flags are the program's promise, which OpenCL does not
+  // need to hold it to; `address` places CUDA allocations and means nothing here.
+  cl_int err = CL_SUCCESS;
+  cl_mem mem = clCreateBuffer(d.value()->context.get(), CL_MEM_READ_WRITE, req.size, nullptr, &err);
+  if (err != CL_SUCCESS) return ClError(err, "clCreateBuffer", fmt::format("{} bytes", req.size));
+  buffers_[req.buffer] = Buffer{MemRef(mem), static_cast<uint32_t>(req.device), req.size};
+  return Status::Ok();
+}
+
+Status OpenCLBackend::OnBufferFree(const ir::BufferFreeReq& req, ir::BufferFreeRep*) {
+  auto b = Find(buffers_, req.buffer, "buffer");
+  if (!b.ok()) return b.status();
+  buffers_.erase(req.buffer);  // OpenCL keeps the memory until enqueued commands are done with it
+  return Status::Ok();
+}
+
+Status OpenCLBackend::OnBufferWrite(const ir::BufferWriteReq& req, ir::BufferWriteRep*) {
+  auto b = Find(buffers_, req.buffer, "buffer");
+  if (!b.ok()) return b.status();
+  TANDEM_RETURN_IF_ERROR(CheckRange(*b.value(), req.buffer, req.offset, req.size));
+  if (HasRemote(req.remote) && !req.data.empty())
+    return Status::Invalid("BufferWrite carries both inline data and a remote region");
+  if (!HasRemote(req.remote) && req.data.size() != req.size)
+    return Status::Invalid(fmt::format("BufferWrite of {} bytes carries {} bytes of data", req.size, req.data.size()));
+  Enqueue e;
+  TANDEM_RETURN_IF_ERROR(Prepare(req.stream, b.value()->device, req.wait, req.signal, &e));
+  return HasRemote(req.remote) ? WriteRemote(req, *b.value(), e) : WriteInline(req, *b.value(), e);
+}
+
+// Non-blocking, so a write that waits on a user event does not stall the session; a copy
+// of the bytes lives until the write's event completes.
+Status OpenCLBackend::WriteInline(const ir::BufferWriteReq& req, Buffer& b, Enqueue& e) {
+  auto copy = std::make_unique<std::vector<uint8_t>>(req.data);
+  cl_int err = clEnqueueWriteBuffer(e.queue, b.mem.get(), CL_FALSE, req.offset, req.size, copy->data(), e.num_wait(),
+                                    e.wait_list(), e.event_out(true));
+  if (err != CL_SUCCESS) return ClError(err, "clEnqueueWriteBuffer");
+  err = clSetEventCallback(e.done, CL_COMPLETE, FreeHostCopy, copy.get());
+  if (err == CL_SUCCESS) {
+    copy.release();  // owned by the callback now
+  } else {
+    // Without a callback the bytes must outlive the write some other way: wait for it.
+    cl_int werr = clWaitForEvents(1, &e.done);
+    if (werr != CL_SUCCESS) {
+      clReleaseEvent(e.done);
+      e.done = nullptr;
+      return ClError(werr, "clWaitForEvents", "inline write");
+    }
+  }
+  Complete(e);
+  return Status::Ok();
+}
+
+// By RMA, chunk by chunk: each staging chunk is written to the device (blocking) before
+// BulkIO reuses it, while the next chunks are already on the wire. The wait list is
+// waited for on the host first so no chunk holds its staging memory on a device event.
+Status OpenCLBackend::WriteRemote(const ir::BufferWriteReq& req, Buffer& b, Enqueue& e) {
+  if (!bulk_) return Status::Invalid("this session has no RMA transport; send the data inline");
+  TANDEM_RETURN_IF_ERROR(WaitOnHost(e));
+  TANDEM_RETURN_IF_ERROR(bulk_->Pull(req.remote, req.size, [&](const uint8_t* chunk, size_t off, size_t n) {
+    cl_int err =
+        clEnqueueWriteBuffer(e.queue, b.mem.get(), CL_TRUE, req.offset + off, n, chunk, 0, nullptr, nullptr);
+    return err == CL_SUCCESS ? Status::Ok() : ClError(err, "clEnqueueWriteBuffer", fmt::format("chunk at {}", off));
+  }));
+  return SignalAfter(e);
+}
+
+// A chunked transfer's signal is a marker after its last chunk.
+Status OpenCLBackend::SignalAfter(Enqueue& e) {
+  if (e.signal == 0) return Status::Ok();
+  cl_int err = clEnqueueMarkerWithWaitList(e.queue, 0, nullptr, e.event_out());
+  if (err != CL_SUCCESS) return ClError(err, "clEnqueueMarkerWithWaitList");
+  Complete(e);
+  return Status::Ok();
+}
+
+Status OpenCLBackend::OnBufferRead(const ir::BufferReadReq& req, ir::BufferReadRep* rep) {
+  auto b = Find(buffers_, req.buffer, "buffer");
+  if (!b.ok()) return b.status();
+  TANDEM_RETURN_IF_ERROR(CheckRange(*b.value(), req.buffer, req.offset, req.size));
+  Enqueue e;
+  TANDEM_RETURN_IF_ERROR(Prepare(req.stream, b.value()->device, req.wait, req.signal, &e));
+  if (HasRemote(req.remote)) return ReadRemote(req, *b.value(), e);
+  if (req.size > ir::kMaxBytes)
+    return Status::Invalid(
+        fmt::format("an inline read of {} bytes exceeds {}; give a remote region", req.size, ir::kMaxBytes));
+  // Complete before replying: the data travels in the reply.
+  rep->data.resize(req.size);
+  cl_int err = clEnqueueReadBuffer(e.queue, b.value()->mem.get(), CL_TRUE, req.offset, req.size, rep->data.data(),
+                                   e.num_wait(), e.wait_list(), e.event_out());
+  if (err != CL_SUCCESS) return ClError(err, "clEnqueueReadBuffer");
+  Complete(e);
+  return Status::Ok();
+}
+
+// By RMA: each chunk is read from the device into a staging chunk, then written to the
+// client while the next one is read. Push returns once every write has landed.
+Status OpenCLBackend::ReadRemote(const ir::BufferReadReq& req, Buffer& b, Enqueue& e) {
+  if (!bulk_) return Status::Invalid("this session has no RMA transport; read inline");
+  TANDEM_RETURN_IF_ERROR(bulk_->Push(req.remote, req.size, [&](uint8_t* chunk, size_t off, size_t n) {
+    cl_int err = clEnqueueReadBuffer(e.queue, b.mem.get(), CL_TRUE, req.offset + off, n, chunk, e.num_wait(),
+                                     e.wait_list(), nullptr);
+    e.wait.clear();  // the first chunk waited; the rest follow it
+    return err == CL_SUCCESS ? Status::Ok() : ClError(err, "clEnqueueReadBuffer", fmt::format("chunk at {}", off));
+  }));
+  return SignalAfter(e);
+}
+
+Status OpenCLBackend::OnBufferCopy(const ir::BufferCopyReq& req, ir::BufferCopyRep*) {
+  auto src = Find(buffers_, req.src, "buffer");
+  if (!src.ok()) return src.status();
+  auto dst = Find(buffers_, req.dst, "buffer");
+  if (!dst.ok()) return dst.status();
+  TANDEM_RETURN_IF_ERROR(CheckRange(*src.value(), req.src, req.src_offset, req.size));
+  TANDEM_RETURN_IF_ERROR(CheckRange(*dst.value(), req.dst, req.dst_offset, req.size));
+  if (src.value()->device != dst.value()->device)
+    return Status::Invalid(fmt::format("buffers {:#x} and {:#x} are on different devices; copy through the host",
+                                       req.src, req.dst));
+  Enqueue e;
+  TANDEM_RETURN_IF_ERROR(Prepare(req.stream, dst.value()->device, req.wait, req.signal, &e));
+  cl_int err = clEnqueueCopyBuffer(e.queue, src.value()->mem.get(), dst.value()->mem.get(), req.src_offset,
+                                   req.dst_offset, req.size, e.num_wait(), e.wait_list(), e.event_out());
+  if (err != CL_SUCCESS) return ClError(err, "clEnqueueCopyBuffer");
+  Complete(e);
+  return Status::Ok();
+}
+
+Status OpenCLBackend::OnBufferFill(const ir::BufferFillReq& req, ir::BufferFillRep*) {
+  auto b = Find(buffers_, req.buffer, "buffer");
+  if (!b.ok()) return b.status();
+  TANDEM_RETURN_IF_ERROR(CheckRange(*b.value(), req.buffer, req.offset, req.size));
+  const size_t p = req.pattern.size();
+  if (p == 0 || p > 128 || (p & (p - 1)) != 0)
+    return Status::Invalid(fmt::format("fill pattern of {} bytes (must be 1, 2, 4, ..., 128)", p));
+  if (req.size % p != 0 || req.offset % p != 0)
+    return Status::Invalid(
+        fmt::format("fill offset {} and size {} must be multiples of the {}-byte pattern", req.offset, req.size, p));
+  Enqueue e;
+  TANDEM_RETURN_IF_ERROR(Prepare(req.stream, b.value()->device, req.wait, req.signal, &e));
+  cl_int err = clEnqueueFillBuffer(e.queue, b.value()->mem.get(), req.pattern.data(), p, req.offset, req.size,
+                                   e.num_wait(), e.wait_list(), e.event_out());
+  if (err != CL_SUCCESS) return ClError(err, "clEnqueueFillBuffer");
+  Complete(e);
+  return Status::Ok();
+}
+
+Status OpenCLBackend::OnBufferCopyRect(const ir::BufferCopyRectReq& req, ir::BufferCopyRectRep*) {
+  auto src = Find(buffers_, req.src, "buffer");
+  if (!src.ok()) return src.status();
+  auto dst = Find(buffers_, req.dst, "buffer");
+  if (!dst.ok()) return dst.status();
+  if (req.src_origin.size() != 3 || req.dst_origin.size() != 3 || req.region.size() != 3 || req.pitches.size() != 4)
+    return Status::Invalid("BufferCopyRect needs 3 src_origin, 3 dst_origin, 3 region values and 4 pitches");
+  for (uint64_t r : req.region)
+    if (r == 0) return Status::Invalid("BufferCopyRect region has a zero extent");
+  TANDEM_RETURN_IF_ERROR(
+      CheckRect(req.src_origin, req.region, req.pitches[0], req.pitches[1], src.value()->size, "source"));
+  TANDEM_RETURN_IF_ERROR(
+      CheckRect(req.dst_origin, req.region, req.pitches[2], req.pitches[3], dst.value()->size, "destination"));
+  if (src.value()->device != dst.value()->device)
+    return Status::Invalid(fmt::format("buffers {:#x} and {:#x} are on different devices", req.src, req.dst));
+  Enqueue e;
+  TANDEM_RETURN_IF_ERROR(Prepare(req.stream, dst.value()->device, req.wait, req.signal, &e));
+  std::array<size_t, 3> so, dor, rg;
+  for (size_t i = 0; i < 3; ++i) {
+    so[i] = req.src_origin[i];
+    dor[i] = req.dst_origin[i];
+    rg[i] = req.region[i];
+  }
+  cl_int err = clEnqueueCopyBufferRect(e.queue, src.value()->mem.get(), dst.value()->mem.get(), so.data(),
+                                       dor.data(), rg.data(), req.pitches[0], req.pitches[1], req.pitches[2],
+                                       req.pitches[3], e.num_wait(), e.wait_list(), e.event_out());
+  if (err != CL_SUCCESS) return ClError(err, "clEnqueueCopyBufferRect");
+  Complete(e);
+  return Status::Ok();
+}
+
+}  // namespace tandem::server::opencl

@@ -1,0 +1,288 @@
+#include "tandem/server/session.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <string>
+
+#include "tandem/log.h"
+
+namespace tandem::server {
+namespace {
+
+// Overloads that forward each request type to its generated backend virtual.
+#define X(op, Name, flags, req, rep) \
+  [[maybe_unused]] Status CallBackend(Backend& b, const ir::Name##Req& r, ir::Name##Rep* p) { return b.On##Name(r, p); }
+TANDEM_IR_COMMANDS(X)
+#undef X
+
+using Handler = void (Session::*)(const ir::Record&, ir::BatchWriter&);
+
+// The dispatch table, generated from the IR: family (high byte) then index (low byte),
+// both bounds-checked before the lookup (STYLE.md point 4).
+class DispatchTable {
+ public:
+  DispatchTable() {
+    ir::ForEachCommand([this]<class Req>() {
+      const auto op = static_cast<uint16_t>(Req::kOpcode);
+      auto& family = families_[op >> 8];
+      if (family.size() <= (op & 0xffu)) family.resize((op & 0xffu) + 1, nullptr);
+      if constexpr ((Req::kFlags & ir::kBroker) != 0)
+        family[op & 0xffu] = &Session::RefuseBrokerCommand<Req>;
+      else
+        family[op & 0xffu] = &Session::Run<Req>;
+    });
+  }
+  Handler Find(uint16_t op) const {
+    const size_t family = op >> 8, index = op & 0xffu;
+    if (family >= families_.size() || index >= families_[family].size()) return nullptr;
+    return families_[family][index];
+  }
+
+ private:
+  std::array<std::vector<Handler>, 256> families_;
+};
+
+const DispatchTable& Table() {
+  static const DispatchTable table;
+  return table;
+}
+
+// The event status a failed command leaves on its signal: the API's own (negative) error
+// when there is one, else minus the Tandem code, so it is always negative.
+int32_t FailedEventStatus(const Status& st) {
+  if (st.code() == Code::kApiError && st.native() < 0) return st.native();
+  return -static_cast<int32_t>(st.code());
+}
+
+}  // namespace
+
+Session::Session(Backend* backend, uint64_t session_key) : backend_(backend), session_key_(session_key) {}
+
+BatchOutcome Session::HandleBatch(std::span<const uint8_t> msg) {
+  BatchOutcome outcome;
+  ir::BatchWriter out(ir::BatchKind::kReplies);
+  if (!attached_.load()) {
+    if (!Authenticate(msg, out)) {
+      outcome.refuse_peer = true;
+      outcome.reply = out.Finish();
+      return outcome;
+    }
+  }
+  std::vector<ir::Record> records;
+  Status st = ir::ParseBatch(msg, ir::BatchKind::kRequests, &records);
+  if (!st.ok()) {
+    // A malformed batch is answered with one record (opcode 0, seq 0) and the session goes on.
+    ReplyError(ir::Record{}, st, out);
+  } else {
+    for (const ir::Record& rec : records) {
+      if (Handler h = Table().Find(rec.header.opcode)) {
+        (this->*h)(rec, out);
+      } else {
+        ReplyError(rec,
+                   Status(Code::kUnimplemented, fmt::format("unknown opcode 0x{:04x}", rec.header.opcode)), out);
+      }
+      if (goodbye_) break;
+    }
+  }
+  outcome.goodbye = goodbye_;
+  outcome.reply = WithOutput(out);
+  return outcome;
+}
+
+// What the session's device code printed goes ahead of the batch's replies (as Output
+// notifications, seq 0), so the program sees it before the sync that produced it.
+std::vector<uint8_t> Session::WithOutput(ir::BatchWriter& replies) {
+  auto output = backend_->TakeOutput();
+  if (output.empty()) return replies.empty() ? std::vector<uint8_t>{} : replies.Finish();
+  ir::BatchWriter out(ir::BatchKind::kReplies);
+  for (auto& [fd, text] : output) {
+    for (size_t at = 0; at < text.size(); at += ir::kMaxBytes) {
+      const size_t n = std::min<size_t>(ir::kMaxBytes, text.size() - at);
+      out.AddRequest(ir::OutputReq{fd, ir::bytes(text.begin() + at, text.begin() + at + n)}, 0);
+    }
+  }
+  if (!replies.empty()) {
+    std::vector<uint8_t> msg = replies.Finish();
+    std::vector<ir::Record> records;
+    Status st = ir::ParseBatch(msg, ir::BatchKind::kReplies, &records);
+    if (!st.ok()) log::Error("internal: a reply batch this session built does not parse: {}", st.message());
+    for (const ir::Record& r : records) out.AddRaw(r.header.opcode, r.header.flags, r.header.seq, r.payload);
+  }
+  return out.Finish();
+}
+
+// The first batch of a session must start with an Attach carrying the session key; the
+// batch is then run normally (the Attach record answers with the device count).
+bool Session::Authenticate(std::span<const uint8_t> msg, ir::BatchWriter& out) {
+  std::vector<ir::Record> records;
+  ir::AttachReq req;
+  const bool ok = ir::ParseBatch(msg, ir::BatchKind::kRequests, &records).ok() && !records.empty() &&
+                  records[0].header.opcode == static_cast<uint16_t>(ir::Opcode::kAttach) &&
+                  ir::DecodeRequest(records[0].payload, &req).ok() && req.session_key == session_key_;
+  if (ok) {
+    attached_.store(true);
+    return true;
+  }
+  const ir::Record first = records.empty() ? ir::Record{} : records[0];
+  ReplyError(first, Status(Code::kAuth, "the first request of a session must be Attach with its session key"),
+             out);
+  return false;
+}
+
+std::optional<std::vector<uint8_t>> Session::AnswerPings(std::span<const uint8_t> msg) const {
+  if (!attached_.load()) return std::nullopt;
+  std::vector<ir::Record> records;
+  if (!ir::ParseBatch(msg, ir::BatchKind::kRequests, &records).ok() || records.empty()) return std::nullopt;
+  ir::BatchWriter out(ir::BatchKind::kReplies);
+  for (const ir::Record& rec : records) {
+    ir::PingReq req;
+    if (rec.header.opcode != static_cast<uint16_t>(ir::Opcode::kPing) || !ir::DecodeRequest(rec.payload, &req).ok())
+      return std::nullopt;
+    ir::PingRep rep{req.nonce};
+    out.AddReply(rec.header.opcode, rec.header.seq, Status::Ok(), {}, &rep);
+  }
+  return out.Finish();
+}
+
+template <class Req>
+void Session::Run(const ir::Record& rec, ir::BatchWriter& out) {
+  if (log::TraceEnabled()) log::Trace("{}", ir::TraceRequest(rec.header.opcode, rec.payload));
+  Req req;
+  Status st = ir::DecodeRequest(rec.payload, &req);
+  // A malformed record is always answered: its flags cannot be trusted to say otherwise.
+  if (!st.ok()) return ReplyError(rec, st, out);
+  typename Req::Reply rep{};
+  st = Execute(req, &rep);
+  const bool want_reply = (Req::kFlags & ir::kNeedsReply) || (rec.header.flags & ir::kRecordWantReply);
+  if (want_reply) return Reply(rec, st, &rep, out);
+  if (!st.ok()) {
+    uint64_t signal = 0;
+    if constexpr (requires { req.signal; }) signal = req.signal;
+    Defer(rec, st, signal);
+  }
+}
+
+template <class Req>
+void Session::RefuseBrokerCommand(const ir::Record& rec, ir::BatchWriter& out) {
+  ReplyError(rec,
+             Status::Protocol(fmt::format("{} is answered by the session broker (the --listen port), not by a session",
+                                          Req::kName)),
+             out);
+}
+
+// Every command that is not a session command goes to the backend. Commands that wait on
+// an event whose command failed fail the same way, and a command's signal remembers its
+// failure so EventQuery/EventWait can report it.
+template <class Req>
+Status Session::Execute(const Req& req, typename Req::Reply* rep) {
+  if constexpr (requires { req.wait; }) {
+    for (uint64_t e : req.wait) {
+      auto it = failed_events_.find(e);
+      if (it == failed_events_.end()) continue;
+      Status st(it->second.status.code(), fmt::format("waits on event {}, whose command failed: {}", e,
+                                                      it->second.status.message()),
+                it->second.status.native(), it->second.status.api());
+      if constexpr (requires { req.signal; }) NoteSignal(req.signal, st);
+      return st;
+    }
+  }
+  Status st = CallBackend(*backend_, req, rep);
+  if constexpr (requires { req.signal; }) NoteSignal(req.signal, st);
+  return st;
+}
+
+void Session::NoteSignal(uint64_t signal, const Status& st) {
+  if (signal == 0) return;
+  if (st.ok())
+    failed_events_.erase(signal);
+  else
+    failed_events_[signal] = FailedEvent{st, FailedEventStatus(st)};
+}
+
+Status Session::Execute(const ir::AttachReq& req, ir::AttachRep* rep) {
+  if (req.session_key != session_key_) return Status(Code::kAuth, "wrong session key");
+  rep->device_count = backend_->device_count();
+  rep->backend = backend_->name();
+  return Status::Ok();
+}
+
+Status Session::Execute(const ir::PingReq& req, ir::PingRep* rep) {
+  rep->nonce = req.nonce;
+  return Status::Ok();
+}
+
+Status Session::Execute(const ir::GoodbyeReq&, ir::GoodbyeRep*) {
+  goodbye_ = true;
+  return Status::Ok();
+}
+
+Status Session::Execute(const ir::OutputReq&, ir::OutputRep*) {
+  return Status::Protocol("Output is a notification from server to client, not a request");
+}
+
+Status Session::Execute(const ir::EventQueryReq& req, ir::EventQueryRep* rep) {
+  if (auto it = failed_events_.find(req.event); it != failed_events_.end()) {
+    rep->status = it->second.event_status;
+    return Status::Ok();
+  }
+  return backend_->OnEventQuery(req, rep);
+}
+
+// Failed events answer from the session; the others are waited for by the backend.
+Status Session::Execute(const ir::EventWaitReq& req, ir::EventWaitRep* rep) {
+  ir::EventWaitReq live;
+  for (uint64_t e : req.events)
+    if (!failed_events_.contains(e)) live.events.push_back(e);
+  ir::EventWaitRep live_rep;
+  if (!live.events.empty()) TANDEM_RETURN_IF_ERROR(backend_->OnEventWait(live, &live_rep));
+  if (live_rep.statuses.size() != live.events.size())
+    return Status(Code::kInternal, "the backend answered EventWait with the wrong number of statuses");
+  size_t next = 0;
+  for (uint64_t e : req.events) {
+    auto it = failed_events_.find(e);
+    rep->statuses.push_back(it != failed_events_.end() ? it->second.event_status : live_rep.statuses[next++]);
+  }
+  return Status::Ok();
+}
+
+// A failed event may never have reached the backend; destroying it only forgets it.
+Status Session::Execute(const ir::EventDestroyReq& req, ir::EventDestroyRep* rep) {
+  const bool was_failed = failed_events_.erase(req.event) > 0;
+  Status st = backend_->OnEventDestroy(req, rep);
+  if (was_failed && st.code() == Code::kUnknownHandle) return Status::Ok();
+  return st;
+}
+
+void Session::ReplyError(const ir::Record& rec, const Status& st, ir::BatchWriter& out) {
+  Reply<ir::PingRep>(rec, st, nullptr, out);
+}
+
+template <class Rep>
+void Session::Reply(const ir::Record& rec, const Status& st, const Rep* rep, ir::BatchWriter& out) {
+  out.AddReply(rec.header.opcode, rec.header.seq, st, TakeDeferred(), rep);
+}
+
+void Session::Defer(const ir::Record& rec, const Status& st, uint64_t signal) {
+  log::Debug("deferred error of {} seq {}: {}", ir::CommandName(rec.header.opcode), rec.header.seq, st.ToString());
+  if (deferred_.size() >= kMaxDeferred) {
+    ++deferred_dropped_;
+    return;
+  }
+  deferred_.push_back(ir::AsyncError{rec.header.seq, rec.header.opcode, static_cast<uint32_t>(st.code()), st.native(),
+                                     static_cast<uint32_t>(st.api()), signal, st.message()});
+}
+
+std::vector<ir::AsyncError> Session::TakeDeferred() {
+  std::vector<ir::AsyncError> out;
+  out.swap(deferred_);
+  if (deferred_dropped_) {
+    out.push_back(ir::AsyncError{0, 0, static_cast<uint32_t>(Code::kOverload), 0, 0, 0,
+                                 fmt::format("{} more asynchronous errors were dropped", deferred_dropped_)});
+    deferred_dropped_ = 0;
+  }
+  return out;
+}
+
+}  // namespace tandem::server

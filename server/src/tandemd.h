@@ -1,0 +1,46 @@
+// The two roles of the tandemd executable: the session broker (the process started by
+// the user, listening on --listen) and the per-session worker it forks and execs.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "tandem/server/backend.h"
+#include "tandem/status.h"
+
+namespace tandem::server {
+
+struct BrokerOptions {
+  std::string listen;                // host:port
+  std::optional<std::string> token;  // set when --token-file was given
+  std::string backend = "auto";      // opencl | cuda | auto
+  std::string devices;               // backend device filter
+  std::chrono::milliseconds session_timeout{10000};
+};
+
+struct WorkerOptions {
+  std::string backend;  // opencl | cuda | auto
+  std::string devices;
+  std::string bind_host;  // the broker's listen host; the worker listens on <host>:0
+  std::chrono::milliseconds session_timeout{10000};
+  int status_fd = -1;     // the pipe the worker reports "ok <port> <kind> <name>" or "error <why>" on
+  uint64_t session_key = 0;
+  bool probe = false;     // only open the backend and report it (the broker's start-up check)
+};
+
+// Environment variable that carries the session key from broker to worker (kept off the
+// command line, which every local user can read in /proc).
+inline constexpr const char* kSessionKeyEnv = "TANDEM_SESSION_KEY";
+
+int RunBroker(const BrokerOptions& options);
+int RunWorker(const WorkerOptions& options);
+
+// Opens the backend `kind` names; "auto" is CUDA when it has a device, else OpenCL.
+// `chosen` receives "cuda" or "opencl".
+Result<std::unique_ptr<Backend>> OpenBackend(const std::string& kind, const BackendOptions& options,
+                                             std::string* chosen);
+
+}  // namespace tandem::server

@@ -1,0 +1,205 @@
+// A session worker: one process per client session, so one client's crash, bad kernel or
+// leak cannot touch another's. Its exit frees every resource of the session.
+//
+// Threads: the receive thread (this one) reads the endpoint, answers Ping batches at once
+// (liveness keeps working while the executor is blocked in a long finish) and queues every
+// other batch; the executor runs batches in order and sends one reply batch per batch.
+#include <unistd.h>
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "fabric_bulk.h"
+#include "tandem/fabric/fabric.h"
+#include "tandem/log.h"
+#include "tandem/server/session.h"
+#include "tandemd.h"
+
+namespace tandem::server {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+void Report(int fd, const std::string& line) {
+  std::string msg = line + "\n";
+  for (size_t done = 0; done < msg.size();) {
+    ssize_t n = ::write(fd, msg.data() + done, msg.size() - done);
+    if (n <= 0) return;  // the broker is gone; the session will time out unattached
+    done += static_cast<size_t>(n);
+  }
+}
+
+// Ends the process without running destructors: the executor may be blocked inside the
+// backend (a kernel that never finishes), and the kernel frees everything anyway.
+[[noreturn]] void EndNow(const std::string& why) {
+  log::Info("session ends: {}", why);
+  ::_exit(0);
+}
+
+std::string WithPort(const std::string& host, const char* port) {
+  return host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
+}
+
+// The executor: a queue of request batches run one at a time, in arrival order.
+class Executor {
+ public:
+  Executor(Session* session, fabric::Endpoint* endpoint) : session_(session), endpoint_(endpoint) {}
+  ~Executor() { Stop(); }
+
+  void Start(fabric::PeerId client) {
+    client_ = client;
+    thread_ = std::thread([this] { Loop(); });
+  }
+  void Push(std::vector<uint8_t> msg) {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(msg));
+    cv_.notify_one();
+  }
+  bool goodbye() const { return goodbye_.load(); }
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+      cv_.notify_one();
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void Loop() {
+    for (;;) {
+      std::vector<uint8_t> msg;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        msg = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      BatchOutcome out = session_->HandleBatch(msg);
+      if (!out.reply.empty()) {
+        Status st = endpoint_->Send(client_, std::move(out.reply));
+        if (!st.ok()) log::Warn("cannot send a reply: {}", st.ToString());
+      }
+      if (out.goodbye) {
+        goodbye_.store(true);
+        endpoint_->Interrupt();
+        return;
+      }
+    }
+  }
+
+  Session* session_;
+  fabric::Endpoint* endpoint_;
+  fabric::PeerId client_ = 0;
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::vector<uint8_t>> queue_;
+  bool stop_ = false;
+  std::atomic<bool> goodbye_{false};
+};
+
+void Refuse(fabric::Endpoint& ep, fabric::PeerId peer, const std::string& why) {
+  ir::BatchWriter out(ir::BatchKind::kReplies);
+  out.AddReply<ir::PingRep>(0, 0, Status(Code::kAuth, why), {}, nullptr);
+  Status st = ep.Send(peer, out.Finish());
+  if (!st.ok()) log::Debug("cannot answer a refused peer: {}", st.ToString());
+  ep.Close(peer);
+}
+
+}  // namespace
+
+int RunWorker(const WorkerOptions& opt) {
+  log::SetComponent("tandemd-worker");
+  std::string chosen;
+  auto backend = OpenBackend(opt.backend, BackendOptions{opt.devices}, &chosen);
+  if (!backend.ok()) {
+    Report(opt.status_fd, "error " + backend.status().ToString());
+    return 1;
+  }
+  if (opt.probe) {
+    Report(opt.status_fd, fmt::format("ok 0 {} {}", chosen, backend.value()->name()));
+    return 0;
+  }
+
+  fabric::Options fo;
+  fo.listen = WithPort(opt.bind_host, "0");
+  auto opened = fabric::Endpoint::Open(fo);
+  if (!opened.ok()) {
+    Report(opt.status_fd, "error " + opened.status().ToString());
+    return 1;
+  }
+  std::unique_ptr<fabric::Endpoint> ep = std::move(opened.value());
+  Report(opt.status_fd, fmt::format("ok {} {} {}", ep->port(), chosen, backend.value()->name()));
+  ::close(opt.status_fd);
+  log::Info("session worker on {} ({}), waiting for Attach", ep->address(), backend.value()->name());
+
+  Session session(backend.value().get(), opt.session_key);
+  Executor executor(&session, ep.get());
+  std::unique_ptr<FabricBulk> bulk;
+  std::optional<fabric::PeerId> client;
+  auto last_heard = Clock::now();
+  // An unattached worker waits as long as an idle session would, then gives up.
+  for (;;) {
+    if (executor.goodbye()) break;
+    auto ev = ep->Next(std::chrono::milliseconds(200));
+    if (!ev.ok()) {
+      if (ev.status().code() != Code::kTimeout) EndNow("endpoint failed: " + ev.status().ToString());
+      if (Clock::now() - last_heard > opt.session_timeout)
+        EndNow(fmt::format("nothing heard from the client for {} ms", opt.session_timeout.count()));
+      continue;
+    }
+    fabric::Event& e = ev.value();
+    if (e.kind == fabric::EventKind::kPeerLost) {
+      if (client && e.peer == *client) EndNow("client lost: " + e.status.ToString());
+      continue;
+    }
+    if (client && e.peer != *client) {
+      Refuse(*ep, e.peer, "this session belongs to another client");
+      continue;
+    }
+    if (!client) {
+      // Before Attach the executor is idle: the first batch is authenticated right here.
+      bulk = std::make_unique<FabricBulk>(ep.get(), e.peer, opt.session_timeout);
+      backend.value()->set_bulk(bulk.get());
+      BatchOutcome out = session.HandleBatch(e.data);
+      if (!out.reply.empty()) {
+        Status st = ep->Send(e.peer, std::move(out.reply));
+        if (!st.ok()) log::Warn("cannot send a reply: {}", st.ToString());
+      }
+      if (out.refuse_peer) {
+        backend.value()->set_bulk(nullptr);
+        bulk.reset();
+        ep->Close(e.peer);
+        continue;
+      }
+      client = e.peer;
+      last_heard = Clock::now();
+      if (out.goodbye) break;
+      executor.Start(*client);
+      continue;
+    }
+    last_heard = Clock::now();
+    if (auto pong = session.AnswerPings(e.data)) {
+      Status st = ep->Send(*client, std::move(*pong));
+      if (!st.ok()) log::Warn("cannot answer a ping: {}", st.ToString());
+      continue;
+    }
+    executor.Push(std::move(e.data));
+  }
+  // Goodbye: the executor is done, so the session can be torn down in order.
+  executor.Stop();
+  log::Info("session ends: goodbye");
+  backend.value()->set_bulk(nullptr);
+  bulk.reset();
+  backend.value().reset();
+  ep.reset();
+  return 0;
+}
+
+}  // namespace tandem::server
