@@ -18,6 +18,13 @@ std::string ApiNames(uint32_t mask) {
   return out.empty() ? "none" : out;
 }
 
+// tandemd reports "opencl (Portable Computing Language)": print "opencl, Portable ...".
+std::string BackendLabel(const std::string& backend) {
+  size_t open = backend.find(" (");
+  if (open == std::string::npos || backend.back() != ')') return backend;
+  return backend.substr(0, open) + ", " + backend.substr(open + 2, backend.size() - open - 3);
+}
+
 }  // namespace
 
 int Info(const std::optional<std::string>& servers) {
@@ -42,7 +49,7 @@ int Info(const std::optional<std::string>& servers) {
       any = true;
       for (client::Device* e : devices) {
         if (e->session != d->session) continue;
-        std::printf("server %s (backend %s): device %u: %s [%s]\n", server.c_str(), e->session->backend().c_str(),
+        std::printf("server %s (backend %s): device %u: %s [%s]\n", server.c_str(), BackendLabel(e->session->backend()).c_str(),
                     e->remote_index, e->info.name.c_str(), ApiNames(e->info.api).c_str());
       }
     }

@@ -211,8 +211,9 @@ run_info() {
   cat "$work/info.out"
   local name
   name=$(grep -m1 -E '^ *[`|]-- Device #0: ' "$work/native.l" | sed 's/^.*Device #0: //')
-  grep -qF "server $SERVER (backend opencl): device 0: $name [OpenCL]" "$work/info.out" ||
-    fail "tandem info does not list 'server $SERVER (backend opencl): device 0: $name [OpenCL]'"
+  # "server HOST:PORT (backend opencl[, platform]): device 0: NAME [OpenCL]"
+  grep -F "server $SERVER (backend opencl" "$work/info.out" | grep -qF "): device 0: $name [OpenCL]" ||
+    fail "tandem info does not list 'server $SERVER (backend opencl...): device 0: $name [OpenCL]'"
   echo "e2e: tandem info lists the server and its device"
 }
 
