@@ -101,6 +101,9 @@ struct Conn {
   std::map<uint64_t, Partial> partial;  // by message id; complete ones wait here for their turn
 };
 
+// fi_getinfo hints for an RDM endpoint of `provider` (freed by the caller with fi_freeinfo).
+fi_info* MakeHints(const std::string& provider);
+
 class RdmEndpoint final : public Endpoint {
  public:
   static Result<std::unique_ptr<Endpoint>> Open(const Options& options);

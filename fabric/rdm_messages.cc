@@ -34,13 +34,8 @@ Result<PeerId> RdmEndpoint::Connect(const std::string& host_port, Millis timeout
   auto deadline = Clock::now() + timeout;
 
   // Resolve host:port into this provider's address format, then into our AV.
-  fi_info* hints = fi_allocinfo();
-  hints->caps = h_->info->caps;
-  hints->mode = h_->info->mode;
-  hints->ep_attr->type = FI_EP_RDM;
+  fi_info* hints = MakeHints(provider_);
   hints->addr_format = h_->info->addr_format;
-  hints->domain_attr->mr_mode = h_->info->domain_attr->mr_mode;
-  hints->fabric_attr->prov_name = strdup(provider_.c_str());
   fi_info* info = nullptr;
   int r = fi_getinfo(FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION), host.c_str(), service.c_str(), 0, hints, &info);
   fi_freeinfo(hints);

@@ -73,6 +73,20 @@ Handles::~Handles() {
   if (info) fi_freeinfo(info);
 }
 
+fi_info* MakeHints(const std::string& provider) {
+  // Ask for what we need and offer every MR mode we can honour; the provider says which apply.
+  fi_info* hints = fi_allocinfo();
+  hints->caps = FI_MSG | FI_RMA;
+  hints->mode = FI_CONTEXT | FI_CONTEXT2;
+  hints->ep_attr->type = FI_EP_RDM;
+  hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+  hints->domain_attr->threading = FI_THREAD_SAFE;
+  hints->tx_attr->msg_order = FI_ORDER_SAS;
+  hints->rx_attr->msg_order = FI_ORDER_SAS;
+  hints->fabric_attr->prov_name = strdup(provider.c_str());
+  return hints;
+}
+
 std::string LibfabricVersion() {
   uint32_t v = fi_version();
   return std::to_string(FI_MAJOR(v)) + "." + std::to_string(FI_MINOR(v));
@@ -112,16 +126,7 @@ Status RdmEndpoint::OpenAt(const Options& options, const std::string& host, cons
   spin_us_ = options.spin_us;
   h_ = std::make_shared<Handles>();
 
-  // Ask for what we need and offer every MR mode we can honour; the provider says which apply.
-  fi_info* hints = fi_allocinfo();
-  hints->caps = FI_MSG | FI_RMA;
-  hints->mode = FI_CONTEXT | FI_CONTEXT2;
-  hints->ep_attr->type = FI_EP_RDM;
-  hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
-  hints->domain_attr->threading = FI_THREAD_SAFE;
-  hints->tx_attr->msg_order = FI_ORDER_SAS;
-  hints->rx_attr->msg_order = FI_ORDER_SAS;
-  hints->fabric_attr->prov_name = strdup(provider.c_str());
+  fi_info* hints = MakeHints(provider);
   // A listener binds explicitly (the first result is often eth0, not the address asked for).
   int r = fi_getinfo(FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION), listening_ ? host.c_str() : nullptr,
                      listening_ ? service.c_str() : nullptr, listening_ ? FI_SOURCE : 0, hints, &h_->info);

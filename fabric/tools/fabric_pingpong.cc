@@ -44,9 +44,10 @@ void Serve(fab::Endpoint& ep, bool forever) {
       fab::RemoteRegion r{(*mr)->remote_addr(), kBulk, (*mr)->key()};
       std::vector<uint8_t> reply(sizeof(r));
       std::memcpy(reply.data(), &r, sizeof(r));
-      ep.Send(ev->peer, std::move(reply));
-    } else {
-      ep.Send(ev->peer, std::move(ev->data));
+      if (auto st = ep.Send(ev->peer, std::move(reply)); !st.ok()) Die("reply", st);
+    } else if (auto st = ep.Send(ev->peer, std::move(ev->data)); !st.ok()) {
+      std::fprintf(stderr, "fabric_pingpong: echo to peer %llu: %s\n", static_cast<unsigned long long>(ev->peer),
+                   st.ToString().c_str());
     }
   }
 }
@@ -67,7 +68,7 @@ void Measure(fab::Endpoint& ep, const std::string& server, int iters) {
   std::printf("8 B round trip: median %.1f us, p90 %.1f us (%d iterations)\n", rtt[rtt.size() / 2],
               rtt[rtt.size() * 9 / 10], iters);
 
-  ep.Send(*peer, {'R', '?'});
+  if (auto st = ep.Send(*peer, {'R', '?'}); !st.ok()) Die("send", st);
   auto desc = ep.Next(kTimeout);
   if (!desc.ok() || desc->data.size() != sizeof(fab::RemoteRegion)) Die("region", desc.status());
   fab::RemoteRegion remote;
