@@ -44,12 +44,15 @@ elif ldconfig -p 2>/dev/null | grep -q 'libnvidia-opencl\.so\.1 '; then
 else
   vendors=/etc/OpenCL/vendors/pocl.icd
 fi
-log "tandemd will use OpenCL from $vendors"
+# Pin both loaders: Debian's ocl-icd reads OCL_ICD_VENDORS; the Khronos loader (CUDA ships
+# one, and it can be the libOpenCL.so.1 that tandemd loads) loads exactly OCL_ICD_FILENAMES.
+if [[ -d $vendors ]]; then libs=$(head -qn1 "$vendors"/*.icd | paste -sd:); else libs=$(head -n1 "$vendors"); fi
+log "tandemd will use OpenCL from $vendors ($libs)"
 
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 server=127.0.0.1:$port
 # Token-less is allowed on loopback only; its own process group so cleanup stops its workers.
-OCL_ICD_VENDORS=$vendors setsid "$TANDEMD" --listen "$server" --backend opencl >"$work/tandemd.log" 2>&1 &
+OCL_ICD_VENDORS=$vendors OCL_ICD_FILENAMES=$libs setsid "$TANDEMD" --listen "$server" --backend opencl >"$work/tandemd.log" 2>&1 &
 server_pid=$!
 
 ready=0

@@ -14,6 +14,7 @@
 #
 # Native OpenCL: $TANDEM_E2E_NATIVE_VENDORS (an .icd, a folder or a .so) if set; else NVIDIA's
 # OpenCL when the driver's libnvidia-opencl.so.1 is present; else PoCL. tandemd uses the same.
+# Both loaders are pinned: OCL_ICD_VENDORS for ocl-icd, OCL_ICD_FILENAMES for Khronos'.
 set -u -o pipefail
 
 fail() { echo "e2e: FAIL: $*" >&2; exit 1; }
@@ -59,13 +60,24 @@ native_vendors() {
   fail "no native OpenCL: install pocl-opencl-icd or set TANDEM_E2E_NATIVE_VENDORS"
 }
 NATIVE=$(native_vendors) || exit 1
+# The libraries the .icd files name, for OCL_ICD_FILENAMES: Debian's ocl-icd reads only
+# OCL_ICD_VENDORS, while the Khronos loader (CUDA ships one, and on the GPU machine it is the
+# libOpenCL.so.1 programs load) ignores that and loads exactly OCL_ICD_FILENAMES when set.
+icd_libs() {
+  local f out=""
+  if [[ -d $1 ]]; then for f in "$1"/*.icd; do [[ -e $f ]] && out+=${out:+:}$(head -n1 "$f"); done
+  elif [[ $1 == *.icd ]]; then out=$(head -n1 "$1")
+  else out=$1; fi
+  echo "$out"
+}
+NATIVE_LIBS=$(icd_libs "$NATIVE")
 export POCL_CACHE_DIR=${POCL_CACHE_DIR:-$work/pocl-cache}
 mkdir -p "$POCL_CACHE_DIR"
 unset OCL_ICD_FILENAMES TANDEM_SERVERS LD_PRELOAD
 export TANDEM_CONNECT_TIMEOUT_MS=${TANDEM_CONNECT_TIMEOUT_MS:-5000}
 RUN_TIMEOUT=${TANDEM_E2E_RUN_TIMEOUT:-120}
 
-native() { OCL_ICD_VENDORS=$NATIVE timeout -k 5 "$RUN_TIMEOUT" "$@"; }
+native() { OCL_ICD_VENDORS=$NATIVE OCL_ICD_FILENAMES=$NATIVE_LIBS timeout -k 5 "$RUN_TIMEOUT" "$@"; }
 through_tandem() { timeout -k 5 "$RUN_TIMEOUT" "$tandem" run --servers "$SERVER" -- "$@"; }
 
 # ---- the server ------------------------------------------------------------------------------
@@ -80,7 +92,7 @@ start_server() {
     port=$(free_port)
     SERVER=127.0.0.1:$port
     # Its own process group, so cleanup() can stop the broker and every worker it forked.
-    OCL_ICD_VENDORS=$NATIVE setsid "$tandemd" --listen "$SERVER" --backend opencl >"$work/tandemd.log" 2>&1 &
+    OCL_ICD_VENDORS=$NATIVE OCL_ICD_FILENAMES=$NATIVE_LIBS setsid "$tandemd" --listen "$SERVER" --backend opencl >"$work/tandemd.log" 2>&1 &
     server_pid=$!
     local deadline=$((SECONDS + 30))
     while ((SECONDS < deadline)); do
