@@ -33,10 +33,21 @@ carried() {
 
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
 
+# What a package provides, for machines where it came from elsewhere (a pip cmake, headers
+# from another package): then it is not missing.
+provided() {
+  case $1 in
+    cmake) command -v cmake >/dev/null ;;
+    ninja-build) command -v ninja >/dev/null ;;
+    opencl-headers) [[ -e /usr/include/CL/cl.h && -e /usr/include/CL/cl_icd.h ]] ;;
+    *) return 1 ;;
+  esac
+}
+
 missing=()
 for p in "${PACKAGES[@]}"; do
   if carried "$p"; then continue; fi
-  installed "$p" || missing+=("$p")
+  installed "$p" || provided "$p" || missing+=("$p")
 done
 
 if ((${#missing[@]} == 0)); then
@@ -47,7 +58,7 @@ else
   log "installing: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   # A registry that cannot be reached is not fatal: the build below says what is missing.
-  if timeout 300 apt-get update -qq; then
+  if timeout 180 apt-get update -qq -o Acquire::Retries=0 -o Acquire::http::Timeout=20; then
     apt-get install -y -qq --no-install-recommends "${missing[@]}" ||
       log "apt-get install failed; going on with what is installed"
   else
