@@ -1,0 +1,188 @@
+// Buffers and sub-buffers. A buffer is a remote allocation on the server of its context's
+// first device (BufferAlloc, posted); a sub-buffer is a client-side view (parent + origin)
+// whose offsets are rewritten on the client. Host-pointer buffers get an initial upload;
+// USE_HOST_PTR memory is synchronised at map/unmap (enqueue.cc).
+#include "objects.h"
+
+namespace tandem::ocl {
+namespace {
+
+constexpr cl_mem_flags kAccessFlags = CL_MEM_READ_WRITE | CL_MEM_WRITE_ONLY | CL_MEM_READ_ONLY;
+constexpr cl_mem_flags kHostPtrFlags = CL_MEM_USE_HOST_PTR | CL_MEM_ALLOC_HOST_PTR | CL_MEM_COPY_HOST_PTR;
+constexpr cl_mem_flags kHostAccessFlags = CL_MEM_HOST_WRITE_ONLY | CL_MEM_HOST_READ_ONLY | CL_MEM_HOST_NO_ACCESS;
+
+// At most one bit of `group` may be set.
+bool AtMostOne(cl_mem_flags flags, cl_mem_flags group) {
+  cl_mem_flags f = flags & group;
+  return (f & (f - 1)) == 0;
+}
+
+cl_int CheckFlags(cl_mem_flags flags) {
+  if (flags & ~(kAccessFlags | kHostPtrFlags | kHostAccessFlags)) return CL_INVALID_VALUE;
+  if (!AtMostOne(flags, kAccessFlags) || !AtMostOne(flags, kHostAccessFlags)) return CL_INVALID_VALUE;
+  if ((flags & CL_MEM_USE_HOST_PTR) && (flags & (CL_MEM_ALLOC_HOST_PTR | CL_MEM_COPY_HOST_PTR))) return CL_INVALID_VALUE;
+  return CL_SUCCESS;
+}
+
+uint64_t IrFlags(cl_mem_flags flags) {
+  uint64_t f = 0;
+  if (flags & CL_MEM_READ_ONLY) f |= ir::kBufferReadOnly;
+  if (flags & CL_MEM_WRITE_ONLY) f |= ir::kBufferWriteOnly;
+  if (flags & CL_MEM_ALLOC_HOST_PTR) f |= ir::kBufferHostAccessible;
+  return f;
+}
+
+}  // namespace
+
+cl_mem CreateBuffer(cl_context context, cl_mem_flags flags, size_t size, void* host_ptr, cl_int* errcode_ret) {
+  if (!Valid(context)) return SetErr(errcode_ret, CL_INVALID_CONTEXT), nullptr;
+  if (CheckFlags(flags) != CL_SUCCESS) return SetErr(errcode_ret, CL_INVALID_VALUE), nullptr;
+  if (size == 0) return SetErr(errcode_ret, CL_INVALID_BUFFER_SIZE), nullptr;
+  bool any_fits = false;
+  for (cl_device_id d : context->devices) any_fits |= d->max_alloc == 0 || size <= d->max_alloc;
+  if (!any_fits) return SetErr(errcode_ret, CL_INVALID_BUFFER_SIZE), nullptr;
+  bool wants_ptr = flags & (CL_MEM_USE_HOST_PTR | CL_MEM_COPY_HOST_PTR);
+  if (wants_ptr != (host_ptr != nullptr)) return SetErr(errcode_ret, CL_INVALID_HOST_PTR), nullptr;
+  if (!(flags & kAccessFlags)) flags |= CL_MEM_READ_WRITE;
+
+  auto mem = std::make_unique<_cl_mem>();
+  mem->context = context;
+  mem->flags = flags;
+  mem->size = size;
+  mem->host_ptr = (flags & CL_MEM_USE_HOST_PTR) ? host_ptr : nullptr;
+  mem->resident = context->home();
+  mem->handle = client::Runtime::Get().NewHandle();
+  client::Session& s = mem->session();
+  s.Post(ir::BufferAllocReq{mem->handle, mem->resident->remote->remote_index, size, IrFlags(flags), 0});
+  // The initial contents travel from a private copy, so creation does not wait.
+  if (wants_ptr) {
+    auto copy = std::make_shared<std::vector<uint8_t>>(static_cast<uint8_t*>(host_ptr),
+                                                       static_cast<uint8_t*>(host_ptr) + size);
+    mem->ready = client::Runtime::Get().NewHandle();
+    ir::BufferWriteReq req;
+    req.buffer = mem->handle;
+    req.size = size;
+    req.signal = mem->ready;
+    Status st = client::WriteBuffer(s, std::move(req), copy->data(), false, [copy](const Status&) {});
+    if (!st.ok()) {
+      s.Post(ir::BufferFreeReq{mem->handle});
+      return SetErr(errcode_ret, ToCl(st, "clCreateBuffer")), nullptr;
+    }
+  }
+  context->Hold();
+  SetErr(errcode_ret, CL_SUCCESS);
+  return Publish(mem.release());
+}
+
+cl_mem CreateSubBuffer(cl_mem buffer, cl_mem_flags flags, cl_buffer_create_type type, const void* info,
+                       cl_int* errcode_ret) {
+  if (!Valid(buffer) || buffer->parent) return SetErr(errcode_ret, CL_INVALID_MEM_OBJECT), nullptr;
+  if (type != CL_BUFFER_CREATE_TYPE_REGION || !info) return SetErr(errcode_ret, CL_INVALID_VALUE), nullptr;
+  if (CheckFlags(flags) != CL_SUCCESS || (flags & kHostPtrFlags)) return SetErr(errcode_ret, CL_INVALID_VALUE), nullptr;
+  // Access may only narrow the parent's.
+  cl_mem_flags parent = buffer->flags;
+  if (((parent & CL_MEM_WRITE_ONLY) && (flags & (CL_MEM_READ_WRITE | CL_MEM_READ_ONLY))) ||
+      ((parent & CL_MEM_READ_ONLY) && (flags & (CL_MEM_READ_WRITE | CL_MEM_WRITE_ONLY))) ||
+      ((parent & CL_MEM_HOST_WRITE_ONLY) && (flags & CL_MEM_HOST_READ_ONLY)) ||
+      ((parent & CL_MEM_HOST_READ_ONLY) && (flags & CL_MEM_HOST_WRITE_ONLY)) ||
+      ((parent & CL_MEM_HOST_NO_ACCESS) && (flags & (CL_MEM_HOST_READ_ONLY | CL_MEM_HOST_WRITE_ONLY))))
+    return SetErr(errcode_ret, CL_INVALID_VALUE), nullptr;
+  const auto* region = static_cast<const cl_buffer_region*>(info);
+  if (region->size == 0) return SetErr(errcode_ret, CL_INVALID_BUFFER_SIZE), nullptr;
+  if (region->origin > buffer->size || region->size > buffer->size - region->origin)
+    return SetErr(errcode_ret, CL_INVALID_VALUE), nullptr;
+  bool aligned = false;
+  for (cl_device_id d : buffer->context->devices) aligned |= region->origin % std::max<cl_uint>(d->base_align_bits / 8, 1) == 0;
+  if (!aligned) return SetErr(errcode_ret, CL_MISALIGNED_SUB_BUFFER_OFFSET), nullptr;
+
+  auto mem = std::make_unique<_cl_mem>();
+  mem->context = buffer->context;
+  mem->flags = (flags & kAccessFlags ? flags & kAccessFlags : parent & kAccessFlags) |
+               (flags & kHostAccessFlags ? flags & kHostAccessFlags : parent & kHostAccessFlags) |
+               (parent & kHostPtrFlags);
+  mem->size = region->size;
+  mem->parent = buffer;
+  mem->origin = region->origin;
+  mem->host_ptr = buffer->host_ptr ? static_cast<uint8_t*>(buffer->host_ptr) + region->origin : nullptr;
+  buffer->Hold();
+  mem->context->Hold();
+  SetErr(errcode_ret, CL_SUCCESS);
+  return Publish(mem.release());
+}
+
+cl_int RetainMemObject(cl_mem mem) {
+  if (!Valid(mem)) return CL_INVALID_MEM_OBJECT;
+  mem->Retain();
+  return CL_SUCCESS;
+}
+
+cl_int ReleaseMemObject(cl_mem mem) {
+  if (!Valid(mem) || !mem->Release()) return CL_INVALID_MEM_OBJECT;
+  return CL_SUCCESS;
+}
+
+cl_int SetMemObjectDestructorCallback(cl_mem mem, _cl_mem::Destructor fn, void* data) {
+  if (!Valid(mem)) return CL_INVALID_MEM_OBJECT;
+  if (!fn) return CL_INVALID_VALUE;
+  std::lock_guard lock(mem->mu);
+  mem->destructors.emplace_back(fn, data);
+  return CL_SUCCESS;
+}
+
+cl_int GetMemObjectInfo(cl_mem mem, cl_mem_info param, size_t size, void* value, size_t* size_ret) {
+  if (!Valid(mem)) return CL_INVALID_MEM_OBJECT;
+  switch (param) {
+    case CL_MEM_TYPE:
+      return AnswerValue(size, value, size_ret, cl_mem_object_type{CL_MEM_OBJECT_BUFFER});
+    case CL_MEM_FLAGS:
+      return AnswerValue(size, value, size_ret, mem->flags);
+    case CL_MEM_SIZE:
+      return AnswerValue(size, value, size_ret, mem->size);
+    case CL_MEM_HOST_PTR:
+      return AnswerValue(size, value, size_ret, mem->host_ptr);
+    case CL_MEM_MAP_COUNT: {
+      std::lock_guard lock(mem->mu);
+      return AnswerValue(size, value, size_ret, static_cast<cl_uint>(mem->maps.size()));
+    }
+    case CL_MEM_REFERENCE_COUNT:
+      return AnswerValue(size, value, size_ret, mem->refs.load());
+    case CL_MEM_CONTEXT:
+      return AnswerValue(size, value, size_ret, mem->context);
+    case CL_MEM_ASSOCIATED_MEMOBJECT:
+      return AnswerValue(size, value, size_ret, mem->parent);
+    case CL_MEM_OFFSET:
+      return AnswerValue(size, value, size_ret, mem->origin);
+    default:
+      return CL_INVALID_VALUE;
+  }
+}
+
+// Images are not supported: every query has no formats.
+cl_int GetSupportedImageFormats(cl_context context, cl_mem_flags flags, cl_mem_object_type type, cl_uint num_entries,
+                                cl_image_format* formats, cl_uint* num_formats) {
+  if (!Valid(context)) return CL_INVALID_CONTEXT;
+  if (num_entries == 0 && formats) return CL_INVALID_VALUE;
+  if (num_formats) *num_formats = 0;
+  return CL_SUCCESS;
+}
+
+}  // namespace tandem::ocl
+
+// ---- object members (the objects live in the global namespace, as cl.h declares them) ----
+
+using namespace tandem::ocl;  // NOLINT: member bodies call the family helpers
+
+// Frees the remote buffer (a view has none) and runs the destructor callbacks, newest
+// first, on the callback thread.
+_cl_mem::~_cl_mem() {
+  if (parent) {
+    parent->Unhold();
+  } else {
+    if (ready) session().Post(tandem::ir::EventDestroyReq{ready});
+    session().Post(tandem::ir::BufferFreeReq{handle});
+  }
+  cl_mem self = this;
+  for (auto it = destructors.rbegin(); it != destructors.rend(); ++it)
+    RunCallback([self, cb = *it] { cb.first(self, cb.second); });
+  context->Unhold();
+}

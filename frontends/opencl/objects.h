@@ -1,0 +1,373 @@
+// The OpenCL objects of the Tandem ICD and what every family file shares: reference
+// counting, validation of handles, the info-answer helper, the status mapping and the
+// declarations of the entry points (generated from entries.def).
+//
+// Every object starts with the dispatch pointer (the ICD loader reads it blindly), so no
+// object type has virtual functions. Objects are destroyed when the application's count
+// and the internal holds (a buffer holds its context, a kernel its program, a pending read
+// its event...) have both reached zero; remote handles are freed by the destructors.
+#pragma once
+
+#include <CL/cl_icd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "tandem/client/runtime.h"
+#include "tandem/ir/ir.h"
+#include "tandem/log.h"
+#include "tandem/status.h"
+
+namespace tandem::ocl {
+
+extern const cl_icd_dispatch kDispatch;
+
+// The implemented entry points, declared with the dispatch table's own function types.
+#define I(Name) std::remove_pointer_t<cl_api_cl##Name> Name;
+#define U(Name, err)
+#include "entries.def"
+#undef I
+#undef U
+
+// ---- reference counting and validation --------------------------------------------------
+
+// The set of live objects of one type: a handle the application passes in is only
+// dereferenced once it is found here.
+template <class T>
+class Registry {
+ public:
+  static void Add(const T* p) {
+    std::lock_guard lock(State().mu);
+    State().live.insert(p);
+  }
+  static void Remove(const T* p) {
+    std::lock_guard lock(State().mu);
+    State().live.erase(p);
+  }
+  static bool Contains(const void* p) {
+    std::lock_guard lock(State().mu);
+    return State().live.count(static_cast<const T*>(p)) != 0;
+  }
+
+ private:
+  struct S {
+    std::mutex mu;
+    std::unordered_set<const T*> live;
+  };
+  static S& State() {
+    static S* s = new S;  // never destroyed: objects may be released during exit
+    return *s;
+  }
+};
+
+template <class T>
+struct Object {
+  const cl_icd_dispatch* dispatch = &kDispatch;  // first member: the loader dispatches on it
+  std::atomic<cl_uint> refs{1};   // the application's references (CL_*_REFERENCE_COUNT)
+  std::atomic<cl_uint> holds{1};  // one for refs > 0, plus one per internal reference
+
+  void Retain() { refs.fetch_add(1); }
+  // False when the application held no reference.
+  bool Release() {
+    cl_uint r = refs.load();
+    do {
+      if (r == 0) return false;
+    } while (!refs.compare_exchange_weak(r, r - 1));
+    if (r == 1) Unhold();
+    return true;
+  }
+  void Hold() { holds.fetch_add(1); }
+  // Takes a hold only if the object is not already being destroyed.
+  bool TryHold() {
+    cl_uint h = holds.load();
+    do {
+      if (h == 0) return false;
+    } while (!holds.compare_exchange_weak(h, h + 1));
+    return true;
+  }
+  void Unhold() {
+    if (holds.fetch_sub(1) != 1) return;
+    T* self = static_cast<T*>(this);
+    Registry<T>::Remove(self);
+    delete self;
+  }
+};
+
+// An internal reference, released when the holder goes (used in reply callbacks).
+template <class T>
+class Held {
+ public:
+  Held() = default;
+  explicit Held(T* p) : p_(p) {
+    if (p_) p_->Hold();
+  }
+  Held(const Held& o) : Held(o.p_) {}
+  Held(Held&& o) noexcept : p_(std::exchange(o.p_, nullptr)) {}
+  Held& operator=(Held o) {
+    std::swap(p_, o.p_);
+    return *this;
+  }
+  ~Held() {
+    if (p_) p_->Unhold();
+  }
+  T* get() const { return p_; }
+  T* operator->() const { return p_; }
+  explicit operator bool() const { return p_ != nullptr; }
+
+ private:
+  T* p_ = nullptr;
+};
+
+// A handle the application may use: live and still referenced by it.
+template <class T>
+bool Valid(T* p) {
+  return p && Registry<T>::Contains(p) && p->refs.load() > 0;
+}
+
+// Registers a new object (refs = holds = 1) and returns it.
+template <class T>
+T* Publish(T* p) {
+  Registry<T>::Add(p);
+  return p;
+}
+
+// ---- answers to info queries ------------------------------------------------------------
+
+// Every clGet*Info rule: size_ret always set, CL_INVALID_VALUE when param_value is too small.
+inline cl_int Answer(size_t size, void* value, size_t* size_ret, const void* data, size_t n) {
+  if (size_ret) *size_ret = n;
+  if (value) {
+    if (size < n) return CL_INVALID_VALUE;
+    if (n) std::memcpy(value, data, n);
+  }
+  return CL_SUCCESS;
+}
+template <class T>
+cl_int AnswerValue(size_t size, void* value, size_t* size_ret, const T& v) {
+  static_assert(std::is_trivially_copyable_v<T>);
+  return Answer(size, value, size_ret, &v, sizeof(T));
+}
+inline cl_int AnswerString(size_t size, void* value, size_t* size_ret, std::string_view s) {
+  std::string z(s);
+  return Answer(size, value, size_ret, z.c_str(), z.size() + 1);
+}
+template <class T>
+cl_int AnswerArray(size_t size, void* value, size_t* size_ret, const std::vector<T>& v) {
+  return Answer(size, value, size_ret, v.data(), v.size() * sizeof(T));
+}
+
+// ---- status mapping (only at the API edge) ----------------------------------------------
+
+// Native OpenCL codes pass through; unknown handles become `unknown_handle`; a lost
+// transport is logged (once per message) with the call that saw it.
+cl_int ToCl(const Status& st, std::string_view call, cl_int unknown_handle = CL_INVALID_VALUE);
+
+inline void SetErr(cl_int* errcode_ret, cl_int err) {
+  if (errcode_ret) *errcode_ret = err;
+}
+
+}  // namespace tandem::ocl
+
+// ---- the objects -----------------------------------------------------------------------
+
+struct _cl_platform_id {
+  const cl_icd_dispatch* dispatch = &tandem::ocl::kDispatch;
+};
+
+struct _cl_device_id {
+  const cl_icd_dispatch* dispatch = &tandem::ocl::kDispatch;
+  tandem::client::Device* remote = nullptr;
+  std::unordered_map<cl_device_info, std::vector<uint8_t>> info;  // answers, overrides applied
+  // Limits parsed once for validation.
+  cl_device_type type = CL_DEVICE_TYPE_DEFAULT;
+  size_t max_work_group = 0;
+  std::vector<size_t> max_item_sizes;
+  cl_ulong max_alloc = 0;
+  cl_uint base_align_bits = 8;
+  cl_command_queue_properties queue_props = 0;
+
+  tandem::client::Session& session() const { return *remote->session; }
+};
+
+struct _cl_context : tandem::ocl::Object<_cl_context> {
+  using Notify = void(CL_CALLBACK*)(const char*, const void*, size_t, void*);
+  std::vector<cl_device_id> devices;
+  std::vector<cl_context_properties> properties;  // as given, 0-terminated (empty if none)
+  Notify notify = nullptr;
+  void* notify_data = nullptr;
+
+  // Where buffers live for now: the first device's server. Memory objects keep their own
+  // residency record so that per-device residency can come without changing callers.
+  cl_device_id home() const { return devices.front(); }
+  bool Has(cl_device_id d) const;
+};
+
+struct _cl_command_queue : tandem::ocl::Object<_cl_command_queue> {
+  cl_context context = nullptr;
+  cl_device_id device = nullptr;
+  cl_command_queue_properties props = 0;
+  std::vector<cl_queue_properties> prop_array;  // as given to ...WithProperties
+  uint64_t stream = 0;
+
+  // Reads whose data has not reached host memory yet: clFinish waits for them too.
+  std::mutex mu;
+  std::condition_variable cv;
+  int host_pending = 0;
+
+  tandem::client::Session& session() const { return device->session(); }
+  bool profiling() const { return props & CL_QUEUE_PROFILING_ENABLE; }
+  ~_cl_command_queue();
+};
+
+struct _cl_mem : tandem::ocl::Object<_cl_mem> {
+  using Destructor = void(CL_CALLBACK*)(cl_mem, void*);
+  struct Mapping {
+    void* ptr = nullptr;
+    size_t offset = 0, size = 0;
+    cl_map_flags flags = 0;
+    std::shared_ptr<uint8_t> staging;  // host copy (null when the buffer uses the host pointer)
+  };
+
+  cl_context context = nullptr;
+  cl_mem_flags flags = 0;
+  size_t size = 0;
+  void* host_ptr = nullptr;  // CL_MEM_USE_HOST_PTR (a sub-buffer: parent's + origin)
+  cl_mem parent = nullptr;   // sub-buffer: a view of parent at origin
+  size_t origin = 0;
+  // Residency: the device whose server holds the bytes and the remote buffer handle.
+  cl_device_id resident = nullptr;
+  uint64_t handle = 0;
+  // The event of the initial upload (host-pointer buffers): the server runs it on its
+  // default queue, so commands on other streams that touch the buffer wait for it.
+  uint64_t ready = 0;
+
+  std::mutex mu;
+  std::vector<Mapping> maps;
+  std::vector<std::pair<Destructor, void*>> destructors;
+
+  const _cl_mem* root() const { return parent ? parent : this; }
+  uint64_t remote() const { return root()->handle; }
+  uint64_t ready_event() const { return root()->ready; }
+  tandem::client::Session& session() const { return root()->resident->session(); }
+  ~_cl_mem();
+};
+
+struct _cl_program : tandem::ocl::Object<_cl_program> {
+  // What one device has of the program: its module, build result and binary.
+  struct PerDevice {
+    cl_device_id device = nullptr;
+    uint64_t module = 0;
+    cl_build_status status = CL_BUILD_NONE;
+    std::string options, log;
+    std::vector<tandem::ir::FunctionInfo> functions;
+    std::optional<std::vector<uint8_t>> binary;  // fetched once (or given by the application)
+  };
+  cl_context context = nullptr;
+  bool from_binary = false;
+  std::string source;
+
+  std::mutex mu;
+  std::vector<PerDevice> per_device;  // in the order of the context's devices
+  int kernels = 0;                    // kernel objects attached (blocks a rebuild)
+
+  PerDevice* For(cl_device_id d);
+  ~_cl_program();
+};
+
+struct _cl_kernel : tandem::ocl::Object<_cl_kernel> {
+  struct Arg {
+    bool set = false;
+    tandem::ir::ArgKind kind = tandem::ir::ArgKind::kBytes;
+    uint64_t value = 0;          // local size
+    cl_mem mem = nullptr;        // buffer argument
+    uint64_t ready = 0;          // its initial upload's event, waited for by launches
+    std::vector<uint8_t> data;   // bytes argument
+  };
+  cl_program program = nullptr;
+  std::string name;
+  tandem::ir::FunctionInfo info;                              // from the first built device
+  std::vector<std::pair<cl_device_id, uint64_t>> functions;  // remote function per device
+  std::vector<std::pair<cl_device_id, tandem::ir::FunctionInfo>> device_info;
+
+  std::mutex mu;
+  std::vector<Arg> args;
+
+  const tandem::ir::FunctionInfo* InfoFor(cl_device_id d) const;
+  uint64_t FunctionFor(cl_device_id d) const;
+  ~_cl_kernel();
+};
+
+struct _cl_event : tandem::ocl::Object<_cl_event> {
+  // Who learns that the event completed: the server (kRemote), the reply callback that put
+  // read data into host memory (kHost) or clSetUserEventStatus (kUser).
+  enum class Completion { kRemote, kHost, kUser };
+  struct Callback {
+    cl_int type;
+    void(CL_CALLBACK* fn)(cl_event, cl_int, void*);
+    void* data;
+  };
+  cl_context context = nullptr;
+  cl_command_queue queue = nullptr;  // null for user events
+  cl_command_type type = 0;
+  uint64_t handle = 0;  // remote event (the `signal` of its command)
+  bool bound = false;   // a posted command signals it, so the server knows the handle
+  Completion completion = Completion::kRemote;
+
+  std::mutex mu;
+  std::condition_variable cv;
+  cl_int status = CL_QUEUED;
+  bool watching = false;  // the callback watcher's EventQuery is out
+  std::vector<Callback> callbacks;
+  std::optional<std::array<cl_ulong, 4>> times;  // profiling, once complete
+
+  tandem::client::Session& session() const;
+  ~_cl_event();
+};
+
+namespace tandem::ocl {
+
+// ---- shared helpers (defined in the family files) ---------------------------------------
+
+// platform_device.cc
+cl_platform_id ThePlatform();
+const std::vector<cl_device_id>& PlatformDevices();  // connects on first use
+bool ValidDevice(cl_device_id d);
+
+// events.cc
+// A new event for a command of `queue` (or a user event when queue is null), with a fresh
+// remote handle registered for routing asynchronous errors.
+cl_event NewEvent(cl_context context, cl_command_queue queue, cl_command_type type,
+                  _cl_event::Completion completion);
+// Records a (lower) status; terminal ones wake waiters and schedule callbacks.
+void SetEventStatus(cl_event e, cl_int status);
+// Checks a wait list (CL_INVALID_EVENT_WAIT_LIST / CL_INVALID_CONTEXT) and returns the
+// remote handles to wait for; events of another server are waited for here first.
+cl_int CheckWaitList(cl_context context, cl_uint n, const cl_event* list, std::vector<uint64_t>* handles);
+// clWaitForEvents without the argument checks.
+cl_int WaitEvents(const std::vector<cl_event>& events);
+// Routes the server's deferred errors: to the event they signal, else to the log.
+void RouteAsyncErrors(client::Session& s);
+// Runs fn on the front end's callback thread, in submission order.
+void RunCallback(std::function<void()> fn);
+
+// A synchronous command: waits for the reply, then routes deferred errors.
+template <class Req>
+Result<typename Req::Reply> CallOn(client::Session& s, const Req& req) {
+  auto r = s.Call(req);
+  RouteAsyncErrors(s);
+  return r;
+}
+
+}  // namespace tandem::ocl

@@ -1,0 +1,471 @@
+// Programs (one remote module per device: source or binary, built with ModuleBuild) and
+// kernels (one remote function per device). Kernel arguments are gathered on the client
+// and sent with each launch; kernel and argument info come from the FunctionInfo of the
+// build reply, so none of these queries touches the network.
+#include <algorithm>
+
+#include "objects.h"
+
+namespace tandem::ocl {
+namespace {
+
+bool Built(const _cl_program::PerDevice& pd) { return pd.status == CL_BUILD_SUCCESS; }
+
+// Loads one module per device, posted: creation never waits.
+cl_program MakeProgram(cl_context context, const std::vector<cl_device_id>& devices, ir::ModuleKind kind,
+                       const std::vector<std::vector<uint8_t>>& images, cl_int* errcode_ret) {
+  auto p = std::make_unique<_cl_program>();
+  p->context = context;
+  p->from_binary = kind == ir::ModuleKind::kOpenCLBinary;
+  for (size_t i = 0; i < devices.size(); ++i) {
+    _cl_program::PerDevice pd;
+    pd.device = devices[i];
+    pd.module = client::Runtime::Get().NewHandle();
+    const auto& image = images[images.size() == 1 ? 0 : i];
+    devices[i]->session().Post(
+        ir::ModuleLoadReq{pd.module, devices[i]->remote->remote_index, static_cast<uint32_t>(kind), image});
+    if (p->from_binary) pd.binary = image;
+    p->per_device.push_back(std::move(pd));
+  }
+  context->Hold();
+  SetErr(errcode_ret, CL_SUCCESS);
+  return Publish(p.release());
+}
+
+// Creates a kernel for `name` with a remote function on every device the program was
+// built for. The caller holds program->mu.
+cl_kernel MakeKernelLocked(cl_program program, const std::string& name) {
+  auto k = std::make_unique<_cl_kernel>();
+  k->program = program;
+  k->name = name;
+  for (auto& pd : program->per_device) {
+    if (!Built(pd)) continue;
+    auto fi = std::find_if(pd.functions.begin(), pd.functions.end(), [&](const auto& f) { return f.name == name; });
+    if (fi == pd.functions.end()) continue;
+    uint64_t fn = client::Runtime::Get().NewHandle();
+    pd.device->session().Post(ir::FunctionGetReq{fn, pd.module, name});
+    k->functions.emplace_back(pd.device, fn);
+    k->device_info.emplace_back(pd.device, *fi);
+  }
+  if (k->functions.empty()) return nullptr;
+  k->info = k->device_info.front().second;
+  k->args.resize(k->info.num_params);
+  program->kernels++;
+  program->Hold();
+  return Publish(k.release());
+}
+
+cl_int BuildFailure(const _cl_program* p, int32_t status) {
+  if (status < 0 && status != CL_BUILD_PROGRAM_FAILURE) return status;
+  return p->from_binary ? CL_INVALID_BINARY : CL_BUILD_PROGRAM_FAILURE;
+}
+
+}  // namespace
+
+cl_program CreateProgramWithSource(cl_context context, cl_uint count, const char** strings, const size_t* lengths,
+                                   cl_int* errcode_ret) {
+  if (!Valid(context)) return SetErr(errcode_ret, CL_INVALID_CONTEXT), nullptr;
+  if (count == 0 || !strings) return SetErr(errcode_ret, CL_INVALID_VALUE), nullptr;
+  std::string source;
+  for (cl_uint i = 0; i < count; ++i) {
+    if (!strings[i]) return SetErr(errcode_ret, CL_INVALID_VALUE), nullptr;
+    source.append(strings[i], lengths && lengths[i] ? lengths[i] : std::strlen(strings[i]));
+  }
+  std::vector<std::vector<uint8_t>> image{std::vector<uint8_t>(source.begin(), source.end())};
+  cl_program p = MakeProgram(context, context->devices, ir::ModuleKind::kOpenCLSource, image, errcode_ret);
+  p->source = std::move(source);
+  return p;
+}
+
+cl_program CreateProgramWithBinary(cl_context context, cl_uint num_devices, const cl_device_id* device_list,
+                                   const size_t* lengths, const unsigned char** binaries, cl_int* binary_status,
+                                   cl_int* errcode_ret) {
+  if (!Valid(context)) return SetErr(errcode_ret, CL_INVALID_CONTEXT), nullptr;
+  if (num_devices == 0 || !device_list || !lengths || !binaries) return SetErr(errcode_ret, CL_INVALID_VALUE), nullptr;
+  std::vector<cl_device_id> devices;
+  std::vector<std::vector<uint8_t>> images;
+  cl_int err = CL_SUCCESS;
+  for (cl_uint i = 0; i < num_devices; ++i) {
+    if (!context->Has(device_list[i])) return SetErr(errcode_ret, CL_INVALID_DEVICE), nullptr;
+    bool ok = lengths[i] != 0 && binaries[i] != nullptr;
+    if (binary_status) binary_status[i] = ok ? CL_SUCCESS : CL_INVALID_VALUE;
+    if (!ok) err = CL_INVALID_VALUE;
+    devices.push_back(device_list[i]);
+    images.emplace_back(ok ? binaries[i] : nullptr, ok ? binaries[i] + lengths[i] : nullptr);
+  }
+  if (err != CL_SUCCESS) return SetErr(errcode_ret, err), nullptr;
+  return MakeProgram(context, devices, ir::ModuleKind::kOpenCLBinary, images, errcode_ret);
+}
+
+cl_int RetainProgram(cl_program p) {
+  if (!Valid(p)) return CL_INVALID_PROGRAM;
+  p->Retain();
+  return CL_SUCCESS;
+}
+
+cl_int ReleaseProgram(cl_program p) {
+  if (!Valid(p) || !p->Release()) return CL_INVALID_PROGRAM;
+  return CL_SUCCESS;
+}
+
+// Builds on each device in turn (ModuleBuild waits for the remote compiler); the log and
+// the kernels' FunctionInfo come back with the reply.
+cl_int BuildProgram(cl_program p, cl_uint num_devices, const cl_device_id* device_list, const char* options,
+                    void(CL_CALLBACK* notify)(cl_program, void*), void* data) {
+  if (!Valid(p)) return CL_INVALID_PROGRAM;
+  if ((num_devices == 0) != (device_list == nullptr) || (!notify && data)) return CL_INVALID_VALUE;
+  std::vector<std::pair<cl_device_id, uint64_t>> targets;
+  {
+    std::lock_guard lock(p->mu);
+    if (p->kernels > 0) return CL_INVALID_OPERATION;
+    for (auto& pd : p->per_device)
+      if (pd.status == CL_BUILD_IN_PROGRESS) return CL_INVALID_OPERATION;
+    if (device_list) {
+      for (cl_uint i = 0; i < num_devices; ++i) {
+        auto* pd = p->For(device_list[i]);
+        if (!pd) return CL_INVALID_DEVICE;
+        targets.emplace_back(pd->device, pd->module);
+      }
+    } else {
+      for (auto& pd : p->per_device) targets.emplace_back(pd.device, pd.module);
+    }
+    for (auto& t : targets) p->For(t.first)->status = CL_BUILD_IN_PROGRESS;
+  }
+  cl_int result = CL_SUCCESS;
+  std::string opts = options ? options : "";
+  for (auto& [device, module] : targets) {
+    auto r = CallOn(device->session(), ir::ModuleBuildReq{module, opts});
+    std::lock_guard lock(p->mu);
+    auto* pd = p->For(device);
+    pd->options = opts;
+    pd->binary.reset();
+    pd->functions.clear();
+    if (r.ok() && r->status == CL_SUCCESS) {
+      pd->status = CL_BUILD_SUCCESS;
+      pd->log = std::move(r->log);
+      pd->functions = std::move(r->functions);
+      continue;
+    }
+    pd->status = CL_BUILD_ERROR;
+    if (r.ok()) {
+      pd->log = std::move(r->log);
+      if (result == CL_SUCCESS) result = BuildFailure(p, r->status);
+    } else if (r.status().code() == Code::kBuildFailed) {
+      pd->log = r.status().message();
+      if (result == CL_SUCCESS) result = BuildFailure(p, r.status().native());
+    } else {
+      pd->log = r.status().ToString();
+      if (result == CL_SUCCESS) result = ToCl(r.status(), "clBuildProgram");
+    }
+  }
+  if (notify) notify(p, data);
+  return result;
+}
+
+cl_int GetProgramInfo(cl_program p, cl_program_info param, size_t size, void* value, size_t* size_ret) {
+  if (!Valid(p)) return CL_INVALID_PROGRAM;
+  std::unique_lock lock(p->mu);
+  switch (param) {
+    case CL_PROGRAM_REFERENCE_COUNT:
+      return AnswerValue(size, value, size_ret, p->refs.load());
+    case CL_PROGRAM_CONTEXT:
+      return AnswerValue(size, value, size_ret, p->context);
+    case CL_PROGRAM_NUM_DEVICES:
+      return AnswerValue(size, value, size_ret, static_cast<cl_uint>(p->per_device.size()));
+    case CL_PROGRAM_DEVICES: {
+      std::vector<cl_device_id> ids;
+      for (auto& pd : p->per_device) ids.push_back(pd.device);
+      return AnswerArray(size, value, size_ret, ids);
+    }
+    case CL_PROGRAM_SOURCE:
+      return AnswerString(size, value, size_ret, p->source);
+    case CL_PROGRAM_BINARY_SIZES:
+    case CL_PROGRAM_BINARIES: {
+      // The server's binary, fetched once per build (ModuleBinary).
+      for (auto& pd : p->per_device) {
+        if (pd.binary || !Built(pd)) continue;
+        auto r = CallOn(pd.device->session(), ir::ModuleBinaryReq{pd.module});
+        if (!r.ok()) return ToCl(r.status(), "clGetProgramInfo(CL_PROGRAM_BINARIES)", CL_INVALID_PROGRAM);
+        pd.binary = std::move(r->binary);
+      }
+      if (param == CL_PROGRAM_BINARY_SIZES) {
+        std::vector<size_t> sizes;
+        for (auto& pd : p->per_device) sizes.push_back(pd.binary ? pd.binary->size() : 0);
+        return AnswerArray(size, value, size_ret, sizes);
+      }
+      size_t need = p->per_device.size() * sizeof(unsigned char*);
+      if (size_ret) *size_ret = need;
+      if (!value) return CL_SUCCESS;
+      if (size < need) return CL_INVALID_VALUE;
+      auto** out = static_cast<unsigned char**>(value);
+      for (size_t i = 0; i < p->per_device.size(); ++i) {
+        const auto& bin = p->per_device[i].binary;
+        if (out[i] && bin && !bin->empty()) std::memcpy(out[i], bin->data(), bin->size());
+      }
+      return CL_SUCCESS;
+    }
+    case CL_PROGRAM_NUM_KERNELS:
+    case CL_PROGRAM_KERNEL_NAMES: {
+      auto built = std::find_if(p->per_device.begin(), p->per_device.end(), Built);
+      if (built == p->per_device.end()) return CL_INVALID_PROGRAM_EXECUTABLE;
+      if (param == CL_PROGRAM_NUM_KERNELS) return AnswerValue(size, value, size_ret, built->functions.size());
+      std::string names;
+      for (const auto& f : built->functions) names += (names.empty() ? "" : ";") + f.name;
+      return AnswerString(size, value, size_ret, names);
+    }
+    default:
+      return CL_INVALID_VALUE;
+  }
+}
+
+cl_int GetProgramBuildInfo(cl_program p, cl_device_id device, cl_program_build_info param, size_t size, void* value,
+                           size_t* size_ret) {
+  if (!Valid(p)) return CL_INVALID_PROGRAM;
+  std::lock_guard lock(p->mu);
+  auto* pd = p->For(device);
+  if (!pd) return CL_INVALID_DEVICE;
+  switch (param) {
+    case CL_PROGRAM_BUILD_STATUS:
+      return AnswerValue(size, value, size_ret, pd->status);
+    case CL_PROGRAM_BUILD_OPTIONS:
+      return AnswerString(size, value, size_ret, pd->options);
+    case CL_PROGRAM_BUILD_LOG:
+      return AnswerString(size, value, size_ret, pd->log);
+    case CL_PROGRAM_BINARY_TYPE: {
+      cl_program_binary_type t = Built(*pd) || p->from_binary ? CL_PROGRAM_BINARY_TYPE_EXECUTABLE
+                                                              : CL_PROGRAM_BINARY_TYPE_NONE;
+      return AnswerValue(size, value, size_ret, t);
+    }
+    default:
+      return CL_INVALID_VALUE;
+  }
+}
+
+// ---- kernels -----------------------------------------------------------------------------
+
+cl_kernel CreateKernel(cl_program p, const char* name, cl_int* errcode_ret) {
+  if (!Valid(p)) return SetErr(errcode_ret, CL_INVALID_PROGRAM), nullptr;
+  if (!name) return SetErr(errcode_ret, CL_INVALID_VALUE), nullptr;
+  std::lock_guard lock(p->mu);
+  if (std::none_of(p->per_device.begin(), p->per_device.end(), Built))
+    return SetErr(errcode_ret, CL_INVALID_PROGRAM_EXECUTABLE), nullptr;
+  cl_kernel k = MakeKernelLocked(p, name);
+  SetErr(errcode_ret, k ? CL_SUCCESS : CL_INVALID_KERNEL_NAME);
+  return k;
+}
+
+cl_int CreateKernelsInProgram(cl_program p, cl_uint num_kernels, cl_kernel* kernels, cl_uint* num_kernels_ret) {
+  if (!Valid(p)) return CL_INVALID_PROGRAM;
+  std::lock_guard lock(p->mu);
+  auto built = std::find_if(p->per_device.begin(), p->per_device.end(), Built);
+  if (built == p->per_device.end()) return CL_INVALID_PROGRAM_EXECUTABLE;
+  cl_uint n = static_cast<cl_uint>(built->functions.size());
+  if (kernels && num_kernels < n) return CL_INVALID_VALUE;
+  if (num_kernels_ret) *num_kernels_ret = n;
+  if (!kernels) return CL_SUCCESS;
+  std::vector<std::string> names;
+  for (const auto& f : built->functions) names.push_back(f.name);
+  for (cl_uint i = 0; i < n; ++i) kernels[i] = MakeKernelLocked(p, names[i]);
+  return CL_SUCCESS;
+}
+
+cl_int RetainKernel(cl_kernel k) {
+  if (!Valid(k)) return CL_INVALID_KERNEL;
+  k->Retain();
+  return CL_SUCCESS;
+}
+
+cl_int ReleaseKernel(cl_kernel k) {
+  if (!Valid(k) || !k->Release()) return CL_INVALID_KERNEL;
+  return CL_SUCCESS;
+}
+
+// Records one argument. The parameter's kind comes from the server; without it, a NULL
+// value means local memory and a live Tandem cl_mem means a buffer.
+cl_int SetKernelArg(cl_kernel k, cl_uint index, size_t size, const void* value) {
+  if (!Valid(k)) return CL_INVALID_KERNEL;
+  std::lock_guard lock(k->mu);
+  if (index >= k->args.size()) return CL_INVALID_ARG_INDEX;
+  const ir::ParamInfo* param = index < k->info.params.size() ? &k->info.params[index] : nullptr;
+  auto kind = param ? static_cast<ir::ParamKind>(param->kind) : ir::ParamKind::kValue;
+  if (!param) {
+    if (!value) {
+      kind = ir::ParamKind::kLocal;
+    } else if (size == sizeof(cl_mem)) {
+      cl_mem m;
+      std::memcpy(&m, value, sizeof m);
+      if (Valid(m)) kind = ir::ParamKind::kGlobal;
+    }
+  }
+  _cl_kernel::Arg arg;
+  arg.set = true;
+  switch (kind) {
+    case ir::ParamKind::kGlobal:
+    case ir::ParamKind::kConstant: {
+      if (size != sizeof(cl_mem)) return CL_INVALID_ARG_SIZE;
+      cl_mem m = nullptr;
+      if (value) std::memcpy(&m, value, sizeof m);
+      if (!m) {
+        arg.kind = ir::ArgKind::kNullBuffer;
+        break;
+      }
+      if (!Valid(m) || m->context != k->program->context) return CL_INVALID_MEM_OBJECT;
+      arg.kind = ir::ArgKind::kBuffer;
+      // A LaunchArg names a whole buffer: a view that starts inside one needs an offset
+      // the IR cannot carry yet.
+      if (m->origin) {
+        log::Once("clSetKernelArg: a sub-buffer with a nonzero origin as a kernel argument (not supported yet)");
+        return CL_INVALID_MEM_OBJECT;
+      }
+      arg.mem = m;
+      arg.value = m->remote();
+      arg.ready = m->ready_event();
+      break;
+    }
+    case ir::ParamKind::kLocal:
+      if (value) return CL_INVALID_ARG_VALUE;
+      if (size == 0) return CL_INVALID_ARG_SIZE;
+      arg.kind = ir::ArgKind::kLocal;
+      arg.value = size;
+      break;
+    case ir::ParamKind::kValue:
+      if (!value) return CL_INVALID_ARG_VALUE;
+      if (param && param->size && size != param->size) return CL_INVALID_ARG_SIZE;
+      arg.kind = ir::ArgKind::kBytes;
+      arg.data.assign(static_cast<const uint8_t*>(value), static_cast<const uint8_t*>(value) + size);
+      break;
+    case ir::ParamKind::kSampler:
+      return CL_INVALID_SAMPLER;
+    case ir::ParamKind::kImage:
+      return CL_INVALID_MEM_OBJECT;
+  }
+  k->args[index] = std::move(arg);
+  return CL_SUCCESS;
+}
+
+cl_int GetKernelInfo(cl_kernel k, cl_kernel_info param, size_t size, void* value, size_t* size_ret) {
+  if (!Valid(k)) return CL_INVALID_KERNEL;
+  switch (param) {
+    case CL_KERNEL_FUNCTION_NAME:
+      return AnswerString(size, value, size_ret, k->name);
+    case CL_KERNEL_NUM_ARGS:
+      return AnswerValue(size, value, size_ret, k->info.num_params);
+    case CL_KERNEL_REFERENCE_COUNT:
+      return AnswerValue(size, value, size_ret, k->refs.load());
+    case CL_KERNEL_CONTEXT:
+      return AnswerValue(size, value, size_ret, k->program->context);
+    case CL_KERNEL_PROGRAM:
+      return AnswerValue(size, value, size_ret, k->program);
+    case CL_KERNEL_ATTRIBUTES: {
+      std::string attrs;
+      for (const auto& a : k->info.attrs)
+        if (a.key == CL_KERNEL_ATTRIBUTES) attrs.assign(a.value.begin(), a.value.end());
+      while (!attrs.empty() && attrs.back() == '\0') attrs.pop_back();
+      return AnswerString(size, value, size_ret, attrs);
+    }
+    default:
+      return CL_INVALID_VALUE;
+  }
+}
+
+cl_int GetKernelArgInfo(cl_kernel k, cl_uint index, cl_kernel_arg_info param, size_t size, void* value,
+                        size_t* size_ret) {
+  if (!Valid(k)) return CL_INVALID_KERNEL;
+  if (index >= k->info.num_params) return CL_INVALID_ARG_INDEX;
+  if (index >= k->info.params.size() || k->info.params[index].name.empty()) return CL_KERNEL_ARG_INFO_NOT_AVAILABLE;
+  const ir::ParamInfo& pi = k->info.params[index];
+  switch (param) {
+    case CL_KERNEL_ARG_ADDRESS_QUALIFIER: {
+      cl_kernel_arg_address_qualifier q = CL_KERNEL_ARG_ADDRESS_PRIVATE;
+      switch (static_cast<ir::ParamKind>(pi.kind)) {
+        case ir::ParamKind::kGlobal: q = CL_KERNEL_ARG_ADDRESS_GLOBAL; break;
+        case ir::ParamKind::kLocal: q = CL_KERNEL_ARG_ADDRESS_LOCAL; break;
+        case ir::ParamKind::kConstant: q = CL_KERNEL_ARG_ADDRESS_CONSTANT; break;
+        default: break;
+      }
+      return AnswerValue(size, value, size_ret, q);
+    }
+    case CL_KERNEL_ARG_ACCESS_QUALIFIER:
+      return AnswerValue(size, value, size_ret, cl_kernel_arg_access_qualifier{CL_KERNEL_ARG_ACCESS_NONE});
+    case CL_KERNEL_ARG_TYPE_NAME:
+      return AnswerString(size, value, size_ret, pi.type_name);
+    case CL_KERNEL_ARG_TYPE_QUALIFIER:
+      return AnswerValue(size, value, size_ret, cl_kernel_arg_type_qualifier{CL_KERNEL_ARG_TYPE_NONE});
+    case CL_KERNEL_ARG_NAME:
+      return AnswerString(size, value, size_ret, pi.name);
+    default:
+      return CL_INVALID_VALUE;
+  }
+}
+
+cl_int GetKernelWorkGroupInfo(cl_kernel k, cl_device_id device, cl_kernel_work_group_info param, size_t size,
+                              void* value, size_t* size_ret) {
+  if (!Valid(k)) return CL_INVALID_KERNEL;
+  if (!device) {
+    if (k->program->per_device.size() != 1) return CL_INVALID_DEVICE;
+    device = k->program->per_device.front().device;
+  }
+  const ir::FunctionInfo* fi = k->InfoFor(device);
+  if (!fi) return CL_INVALID_DEVICE;
+  switch (param) {
+    case CL_KERNEL_WORK_GROUP_SIZE:
+      return AnswerValue(size, value, size_ret, static_cast<size_t>(fi->max_block));
+    case CL_KERNEL_COMPILE_WORK_GROUP_SIZE: {
+      size_t wg[3] = {0, 0, 0};
+      for (size_t i = 0; i < 3 && i < fi->compile_block.size(); ++i) wg[i] = fi->compile_block[i];
+      return Answer(size, value, size_ret, wg, sizeof wg);
+    }
+    case CL_KERNEL_LOCAL_MEM_SIZE: {
+      // The kernel's own local memory plus the __local arguments set so far.
+      cl_ulong total = fi->local_mem;
+      std::lock_guard lock(k->mu);
+      for (const auto& a : k->args)
+        if (a.set && a.kind == ir::ArgKind::kLocal) total += a.value;
+      return AnswerValue(size, value, size_ret, total);
+    }
+    case CL_KERNEL_PREFERRED_WORK_GROUP_SIZE_MULTIPLE:
+      return AnswerValue(size, value, size_ret, static_cast<size_t>(fi->preferred_multiple));
+    case CL_KERNEL_PRIVATE_MEM_SIZE:
+      return AnswerValue(size, value, size_ret, cl_ulong{fi->private_mem});
+    default:
+      return CL_INVALID_VALUE;
+  }
+}
+
+}  // namespace tandem::ocl
+
+// ---- object members (the objects live in the global namespace, as cl.h declares them) ----
+
+using namespace tandem::ocl;  // NOLINT: member bodies call the family helpers
+
+_cl_program::PerDevice* _cl_program::For(cl_device_id d) {
+  for (auto& pd : per_device)
+    if (pd.device == d) return &pd;
+  return nullptr;
+}
+
+_cl_program::~_cl_program() {
+  for (const auto& pd : per_device) pd.device->session().Post(tandem::ir::ModuleFreeReq{pd.module});
+  context->Unhold();
+}
+
+const tandem::ir::FunctionInfo* _cl_kernel::InfoFor(cl_device_id d) const {
+  for (const auto& [dev, fi] : device_info)
+    if (dev == d) return &fi;
+  return nullptr;
+}
+
+uint64_t _cl_kernel::FunctionFor(cl_device_id d) const {
+  for (const auto& [dev, fn] : functions)
+    if (dev == d) return fn;
+  return 0;
+}
+
+_cl_kernel::~_cl_kernel() {
+  for (const auto& [dev, fn] : functions) dev->session().Post(tandem::ir::FunctionFreeReq{fn});
+  {
+    std::lock_guard lock(program->mu);
+    program->kernels--;
+  }
+  program->Unhold();
+}

@@ -1,0 +1,830 @@
+// The OpenCL front end end to end: each test process starts its own tandemd on 127.0.0.1
+// (OpenCL backend over the machine's native platform, PoCL here), points TANDEM_SERVERS and
+// OCL_ICD_VENDORS at it and at the built tandem.icd, and uses the API through Debian's
+// ocl-icd loader exactly as a program would.
+#include <CL/cl.h>
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <numeric>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern char** environ;
+
+namespace {
+
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// One tandemd for this process, in its own session so its workers die with it.
+class Server {
+ public:
+  // Starts tandemd and waits for its "listening" line; returns "" or why it failed.
+  std::string Start() {
+    // The server must see the machine's own OpenCL platforms, never Tandem's.
+    std::vector<std::string> env_store;
+    for (char** e = environ; *e; ++e) {
+      std::string v(*e);
+      if (v.starts_with("OCL_ICD_VENDORS=") || v.starts_with("TANDEM_SERVERS=")) continue;
+      env_store.push_back(v);
+    }
+    std::vector<char*> env;
+    for (auto& v : env_store) env.push_back(v.data());
+    env.push_back(nullptr);
+    std::string why;
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      address_ = "127.0.0.1:" + std::to_string(FreePort());
+      log_ = "/tmp/tandem-opencl-e2e-" + std::to_string(getpid()) + ".log";
+      posix_spawn_file_actions_t fa;
+      posix_spawn_file_actions_init(&fa);
+      posix_spawn_file_actions_addopen(&fa, 1, log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      posix_spawn_file_actions_adddup2(&fa, 1, 2);
+      posix_spawnattr_t attr;
+      posix_spawnattr_init(&attr);
+      posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSID);
+      std::string listen = address_;
+      char* argv[] = {const_cast<char*>(TANDEMD), const_cast<char*>("--listen"), listen.data(),
+                      const_cast<char*>("--backend"), const_cast<char*>("opencl"), nullptr};
+      int rc = posix_spawn(&pid_, TANDEMD, &fa, &attr, argv, env.data());
+      posix_spawn_file_actions_destroy(&fa);
+      posix_spawnattr_destroy(&attr);
+      if (rc != 0) return std::string("posix_spawn ") + TANDEMD + ": " + strerror(rc);
+      auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (std::chrono::steady_clock::now() < deadline) {
+        if (ReadFile(log_).find("listening") != std::string::npos) return "";
+        int status = 0;
+        if (waitpid(pid_, &status, WNOHANG) == pid_) {
+          pid_ = 0;
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      why = "tandemd did not start on " + address_ + ":\n" + ReadFile(log_);
+      Stop();
+    }
+    return why;
+  }
+  void Stop() {
+    if (pid_ > 0) {
+      kill(-pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+      pid_ = 0;
+    }
+  }
+  const std::string& address() const { return address_; }
+  std::string log() const { return ReadFile(log_); }
+
+ private:
+  pid_t pid_ = 0;
+  std::string address_, log_;
+};
+
+Server* g_server = nullptr;
+
+// The Tandem platform, as the loader lists it.
+cl_platform_id TandemPlatform() {
+  cl_uint n = 0;
+  if (clGetPlatformIDs(0, nullptr, &n) != CL_SUCCESS || n == 0) return nullptr;
+  std::vector<cl_platform_id> ps(n);
+  clGetPlatformIDs(n, ps.data(), nullptr);
+  for (cl_platform_id p : ps) {
+    char name[64] = {};
+    clGetPlatformInfo(p, CL_PLATFORM_NAME, sizeof name, name, nullptr);
+    if (std::string(name) == "Tandem") return p;
+  }
+  return nullptr;
+}
+
+void PointLoaderAtTandem(const std::string& servers) {
+  setenv("TANDEM_SERVERS", servers.c_str(), 1);
+  setenv("OCL_ICD_VENDORS", TANDEM_ICD_DIR, 1);
+  setenv("TANDEM_CONNECT_TIMEOUT_MS", "5000", 1);
+}
+
+class Tandem : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    g_server = new Server;
+    start_error_ = g_server->Start();
+    if (start_error_.empty()) PointLoaderAtTandem(g_server->address());
+  }
+  static void TearDownTestSuite() {
+    g_server->Stop();
+    delete g_server;
+    g_server = nullptr;
+  }
+
+  void SetUp() override {
+    ASSERT_TRUE(start_error_.empty()) << start_error_;
+    platform_ = TandemPlatform();
+    ASSERT_NE(platform_, nullptr) << "the loader does not list the Tandem platform";
+    cl_uint n = 0;
+    ASSERT_EQ(clGetDeviceIDs(platform_, CL_DEVICE_TYPE_ALL, 1, &device_, &n), CL_SUCCESS) << g_server->log();
+    ASSERT_GE(n, 1u);
+    cl_int err = CL_SUCCESS;
+    context_ = clCreateContext(nullptr, 1, &device_, nullptr, nullptr, &err);
+    ASSERT_EQ(err, CL_SUCCESS);
+    queue_ = clCreateCommandQueue(context_, device_, 0, &err);
+    ASSERT_EQ(err, CL_SUCCESS);
+  }
+  void TearDown() override {
+    if (queue_) clReleaseCommandQueue(queue_);
+    if (context_) clReleaseContext(context_);
+  }
+
+  cl_mem Buffer(cl_mem_flags flags, size_t size, void* host = nullptr) {
+    cl_int err = CL_SUCCESS;
+    cl_mem m = clCreateBuffer(context_, flags, size, host, &err);
+    EXPECT_EQ(err, CL_SUCCESS);
+    return m;
+  }
+  // Builds source for our device; expects success.
+  cl_program Build(const char* src, const char* options = "") {
+    cl_int err = CL_SUCCESS;
+    cl_program p = clCreateProgramWithSource(context_, 1, &src, nullptr, &err);
+    EXPECT_EQ(err, CL_SUCCESS);
+    err = clBuildProgram(p, 1, &device_, options, nullptr, nullptr);
+    if (err != CL_SUCCESS) {
+      size_t n = 0;
+      clGetProgramBuildInfo(p, device_, CL_PROGRAM_BUILD_LOG, 0, nullptr, &n);
+      std::string log(n, '\0');
+      clGetProgramBuildInfo(p, device_, CL_PROGRAM_BUILD_LOG, n, log.data(), nullptr);
+      ADD_FAILURE() << "build failed (" << err << "): " << log;
+    }
+    return p;
+  }
+  cl_kernel Kernel(cl_program p, const char* name) {
+    cl_int err = CL_SUCCESS;
+    cl_kernel k = clCreateKernel(p, name, &err);
+    EXPECT_EQ(err, CL_SUCCESS) << name;
+    return k;
+  }
+  cl_command_queue ProfilingQueue() {
+    cl_int err = CL_SUCCESS;
+    cl_command_queue q = clCreateCommandQueue(context_, device_, CL_QUEUE_PROFILING_ENABLE, &err);
+    EXPECT_EQ(err, CL_SUCCESS);
+    return q;
+  }
+
+  static inline std::string start_error_;
+  cl_platform_id platform_ = nullptr;
+  cl_device_id device_ = nullptr;
+  cl_context context_ = nullptr;
+  cl_command_queue queue_ = nullptr;
+};
+
+constexpr const char* kSource = R"CLC(
+typedef struct { int add; float scale; } params_t;
+
+__kernel void scale_add(__global const float* in, __global float* out, params_t p) {
+  size_t i = get_global_id(0);
+  out[i] = in[i] * p.scale + p.add;
+}
+
+// Sums each work-group's slice through local memory.
+__kernel void group_sum(__global const int* in, __global int* out, __local int* scratch) {
+  size_t l = get_local_id(0), n = get_local_size(0);
+  scratch[l] = in[get_global_id(0)];
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (size_t s = n / 2; s > 0; s /= 2) {
+    if (l < s) scratch[l] += scratch[l + s];
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  if (l == 0) out[get_group_id(0)] = scratch[0];
+}
+
+// Records each work-item's global id (x + 1000 * y) at its place in the full range.
+__kernel void ids(__global int* out, int width) {
+  size_t x = get_global_id(0), y = get_global_id(1);
+  out[y * width + x] = (int)(x + 1000 * y);
+}
+
+__kernel void inc(__global int* data) { data[get_global_id(0)] += 1; }
+)CLC";
+
+// ---- platform and devices ------------------------------------------------------------------
+
+TEST_F(Tandem, PlatformAndDevice) {
+  char buf[1024];
+  ASSERT_EQ(clGetPlatformInfo(platform_, CL_PLATFORM_VERSION, sizeof buf, buf, nullptr), CL_SUCCESS);
+  EXPECT_STREQ(buf, "OpenCL 1.2 Tandem 0.1");
+  ASSERT_EQ(clGetPlatformInfo(platform_, CL_PLATFORM_VENDOR, sizeof buf, buf, nullptr), CL_SUCCESS);
+  EXPECT_STREQ(buf, "Tandem");
+
+  ASSERT_EQ(clGetDeviceInfo(device_, CL_DEVICE_VERSION, sizeof buf, buf, nullptr), CL_SUCCESS);
+  EXPECT_EQ(std::string(buf).rfind("OpenCL 1.2 ", 0), 0u) << buf;
+  ASSERT_EQ(clGetDeviceInfo(device_, CL_DEVICE_OPENCL_C_VERSION, sizeof buf, buf, nullptr), CL_SUCCESS);
+  EXPECT_LE(std::string(buf).substr(0, 12), std::string("OpenCL C 1.2")) << buf;
+  cl_platform_id p = nullptr;
+  ASSERT_EQ(clGetDeviceInfo(device_, CL_DEVICE_PLATFORM, sizeof p, &p, nullptr), CL_SUCCESS);
+  EXPECT_EQ(p, platform_);
+  cl_bool images = CL_TRUE;
+  ASSERT_EQ(clGetDeviceInfo(device_, CL_DEVICE_IMAGE_SUPPORT, sizeof images, &images, nullptr), CL_SUCCESS);
+  EXPECT_EQ(images, CL_FALSE);
+  cl_uint refs = 0;
+  ASSERT_EQ(clGetDeviceInfo(device_, CL_DEVICE_REFERENCE_COUNT, sizeof refs, &refs, nullptr), CL_SUCCESS);
+  EXPECT_EQ(refs, 1u);
+  ASSERT_EQ(clGetDeviceInfo(device_, CL_DEVICE_EXTENSIONS, sizeof buf, buf, nullptr), CL_SUCCESS);
+  EXPECT_EQ(std::string(buf).find("cl_khr_icd"), std::string::npos);
+  EXPECT_EQ(std::string(buf).find("cl_khr_il_program"), std::string::npos);
+  EXPECT_EQ(std::string(buf).find("cl_khr_gl_sharing"), std::string::npos);
+  // Size rules: too small fails and still reports the size; unknown keys fail.
+  size_t need = 0, got = 0;
+  ASSERT_EQ(clGetDeviceInfo(device_, CL_DEVICE_NAME, 0, nullptr, &need), CL_SUCCESS);
+  EXPECT_GT(need, 1u);
+  EXPECT_EQ(clGetDeviceInfo(device_, CL_DEVICE_NAME, need - 1, buf, &got), CL_INVALID_VALUE);
+  EXPECT_EQ(got, need);
+  EXPECT_EQ(clGetDeviceInfo(device_, 0x7FFF, sizeof buf, buf, nullptr), CL_INVALID_VALUE);
+  cl_uint n = 0;
+  EXPECT_EQ(clGetDeviceIDs(platform_, CL_DEVICE_TYPE_ALL, 0, nullptr, &n), CL_SUCCESS);
+  EXPECT_GE(n, 1u);
+  // A context from the device type, with the platform property.
+  cl_context_properties props[] = {CL_CONTEXT_PLATFORM, reinterpret_cast<cl_context_properties>(platform_), 0};
+  cl_int err = CL_SUCCESS;
+  cl_context ctx = clCreateContextFromType(props, CL_DEVICE_TYPE_ALL, nullptr, nullptr, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  cl_context_properties back[3] = {};
+  ASSERT_EQ(clGetContextInfo(ctx, CL_CONTEXT_PROPERTIES, sizeof back, back, nullptr), CL_SUCCESS);
+  EXPECT_EQ(back[1], props[1]);
+  clReleaseContext(ctx);
+}
+
+// ---- buffers -----------------------------------------------------------------------------
+
+TEST_F(Tandem, BuffersWriteReadCopyFill) {
+  const size_t n = 50000;  // above the inline limit: exercises bulk transfers
+  std::vector<int> a(n), b(n, -1);
+  std::iota(a.begin(), a.end(), 0);
+  cl_mem src = Buffer(CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, n * sizeof(int), a.data());
+  cl_mem dst = Buffer(CL_MEM_READ_WRITE, n * sizeof(int));
+  ASSERT_EQ(clEnqueueCopyBuffer(queue_, src, dst, 0, 0, n * sizeof(int), 0, nullptr, nullptr), CL_SUCCESS);
+  cl_event read = nullptr;
+  ASSERT_EQ(clEnqueueReadBuffer(queue_, dst, CL_FALSE, 0, n * sizeof(int), b.data(), 0, nullptr, &read), CL_SUCCESS);
+  ASSERT_EQ(clWaitForEvents(1, &read), CL_SUCCESS);
+  EXPECT_EQ(a, b);  // a read's event completes once the bytes are in host memory
+  cl_command_type type = 0;
+  ASSERT_EQ(clGetEventInfo(read, CL_EVENT_COMMAND_TYPE, sizeof type, &type, nullptr), CL_SUCCESS);
+  EXPECT_EQ(type, static_cast<cl_command_type>(CL_COMMAND_READ_BUFFER));
+  clReleaseEvent(read);
+
+  // Fill a range with a pattern, overwrite part of it, read back blocking.
+  int pattern = 7;
+  ASSERT_EQ(clEnqueueFillBuffer(queue_, dst, &pattern, sizeof pattern, 16, 64 * sizeof(int), 0, nullptr, nullptr),
+            CL_SUCCESS);
+  int five[2] = {5, 5};
+  ASSERT_EQ(clEnqueueWriteBuffer(queue_, dst, CL_TRUE, 20, sizeof five, five, 0, nullptr, nullptr), CL_SUCCESS);
+  std::vector<int> got(80);
+  ASSERT_EQ(clEnqueueReadBuffer(queue_, dst, CL_TRUE, 0, got.size() * sizeof(int), got.data(), 0, nullptr, nullptr),
+            CL_SUCCESS);
+  for (int i = 0; i < 80; ++i) {
+    int want = i < 4 ? i : i < 68 ? 7 : i;
+    if (i == 5 || i == 6) want = 5;
+    EXPECT_EQ(got[i], want) << i;
+  }
+  // Argument checks happen on the client.
+  EXPECT_EQ(clEnqueueReadBuffer(queue_, dst, CL_TRUE, n * sizeof(int), 4, got.data(), 0, nullptr, nullptr),
+            CL_INVALID_VALUE);
+  EXPECT_EQ(clEnqueueCopyBuffer(queue_, src, src, 0, 8, 16, 0, nullptr, nullptr), CL_MEM_COPY_OVERLAP);
+  EXPECT_EQ(clEnqueueFillBuffer(queue_, dst, &pattern, 3, 0, 12, 0, nullptr, nullptr), CL_INVALID_VALUE);
+
+  // A sub-buffer is a view: writes through it land in the parent.
+  cl_buffer_region region{256, 64};
+  cl_int err = CL_SUCCESS;
+  cl_mem sub = clCreateSubBuffer(dst, CL_MEM_READ_WRITE, CL_BUFFER_CREATE_TYPE_REGION, &region, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  std::vector<int> ones(16, 1);
+  ASSERT_EQ(clEnqueueWriteBuffer(queue_, sub, CL_FALSE, 0, 64, ones.data(), 0, nullptr, nullptr), CL_SUCCESS);
+  ASSERT_EQ(clEnqueueReadBuffer(queue_, dst, CL_TRUE, 256, 64, got.data(), 0, nullptr, nullptr), CL_SUCCESS);
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(got[i], 1);
+  size_t offset = 0;
+  cl_mem parent = nullptr;
+  ASSERT_EQ(clGetMemObjectInfo(sub, CL_MEM_OFFSET, sizeof offset, &offset, nullptr), CL_SUCCESS);
+  ASSERT_EQ(clGetMemObjectInfo(sub, CL_MEM_ASSOCIATED_MEMOBJECT, sizeof parent, &parent, nullptr), CL_SUCCESS);
+  EXPECT_EQ(offset, 256u);
+  EXPECT_EQ(parent, dst);
+  ASSERT_EQ(clFinish(queue_), CL_SUCCESS);
+  clReleaseMemObject(sub);
+  clReleaseMemObject(src);
+  clReleaseMemObject(dst);
+}
+
+TEST_F(Tandem, MapAndUnmap) {
+  const size_t n = 1024;
+  std::vector<int> init(n);
+  std::iota(init.begin(), init.end(), 100);
+  cl_mem m = Buffer(CL_MEM_COPY_HOST_PTR, n * sizeof(int), init.data());
+  cl_int err = CL_SUCCESS;
+  auto* p = static_cast<int*>(clEnqueueMapBuffer(queue_, m, CL_TRUE, CL_MAP_READ | CL_MAP_WRITE, 64 * sizeof(int),
+                                                 64 * sizeof(int), 0, nullptr, nullptr, &err));
+  ASSERT_EQ(err, CL_SUCCESS);
+  ASSERT_NE(p, nullptr);
+  for (int i = 0; i < 64; ++i) EXPECT_EQ(p[i], 164 + i);
+  cl_uint maps = 0;
+  ASSERT_EQ(clGetMemObjectInfo(m, CL_MEM_MAP_COUNT, sizeof maps, &maps, nullptr), CL_SUCCESS);
+  EXPECT_EQ(maps, 1u);
+  for (int i = 0; i < 64; ++i) p[i] = -i;
+  ASSERT_EQ(clEnqueueUnmapMemObject(queue_, m, p, 0, nullptr, nullptr), CL_SUCCESS);
+  EXPECT_EQ(clEnqueueUnmapMemObject(queue_, m, p, 0, nullptr, nullptr), CL_INVALID_VALUE);
+
+  // Invalidate-map: nothing is read, everything written back.
+  auto* w = static_cast<int*>(clEnqueueMapBuffer(queue_, m, CL_TRUE, CL_MAP_WRITE_INVALIDATE_REGION, 0,
+                                                 8 * sizeof(int), 0, nullptr, nullptr, &err));
+  ASSERT_EQ(err, CL_SUCCESS);
+  for (int i = 0; i < 8; ++i) w[i] = 9000 + i;
+  cl_event unmapped = nullptr;
+  ASSERT_EQ(clEnqueueUnmapMemObject(queue_, m, w, 0, nullptr, &unmapped), CL_SUCCESS);
+  ASSERT_EQ(clWaitForEvents(1, &unmapped), CL_SUCCESS);
+  clReleaseEvent(unmapped);
+  std::vector<int> got(n);
+  ASSERT_EQ(clEnqueueReadBuffer(queue_, m, CL_TRUE, 0, n * sizeof(int), got.data(), 0, nullptr, nullptr), CL_SUCCESS);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(got[i], 9000 + i);
+  for (int i = 0; i < 64; ++i) EXPECT_EQ(got[64 + i], -i);
+  EXPECT_EQ(got[200], 300);
+
+  // USE_HOST_PTR: the map returns the application's memory at the offset, synced.
+  std::vector<int> host(n, 3);
+  cl_mem u = Buffer(CL_MEM_USE_HOST_PTR, n * sizeof(int), host.data());
+  int nine = 9;
+  ASSERT_EQ(clEnqueueFillBuffer(queue_, u, &nine, sizeof nine, 0, n * sizeof(int), 0, nullptr, nullptr), CL_SUCCESS);
+  cl_event mapped = nullptr;
+  auto* hp = static_cast<int*>(clEnqueueMapBuffer(queue_, u, CL_FALSE, CL_MAP_READ, 16 * sizeof(int),
+                                                  16 * sizeof(int), 0, nullptr, &mapped, &err));
+  ASSERT_EQ(err, CL_SUCCESS);
+  EXPECT_EQ(hp, host.data() + 16);
+  ASSERT_EQ(clWaitForEvents(1, &mapped), CL_SUCCESS);
+  EXPECT_EQ(hp[0], 9);
+  EXPECT_EQ(hp[15], 9);
+  clReleaseEvent(mapped);
+  ASSERT_EQ(clEnqueueUnmapMemObject(queue_, u, hp, 0, nullptr, nullptr), CL_SUCCESS);
+  void* host_ptr = nullptr;
+  ASSERT_EQ(clGetMemObjectInfo(u, CL_MEM_HOST_PTR, sizeof host_ptr, &host_ptr, nullptr), CL_SUCCESS);
+  EXPECT_EQ(host_ptr, host.data());
+  ASSERT_EQ(clFinish(queue_), CL_SUCCESS);
+  clReleaseMemObject(u);
+  clReleaseMemObject(m);
+}
+
+TEST_F(Tandem, RectangularTransfers) {
+  // A 16x8x2 byte box; move a 5x3x2 region between different origins and pitches.
+  const size_t row = 16, slice = 16 * 8, total = slice * 2;
+  std::vector<uint8_t> host(total);
+  for (size_t i = 0; i < total; ++i) host[i] = static_cast<uint8_t>(i);
+  cl_mem m = Buffer(CL_MEM_READ_WRITE, total);
+  cl_mem copy = Buffer(CL_MEM_READ_WRITE, total);
+  std::vector<uint8_t> zero(total, 0);
+  ASSERT_EQ(clEnqueueWriteBuffer(queue_, m, CL_TRUE, 0, total, zero.data(), 0, nullptr, nullptr), CL_SUCCESS);
+  ASSERT_EQ(clEnqueueWriteBuffer(queue_, copy, CL_TRUE, 0, total, zero.data(), 0, nullptr, nullptr), CL_SUCCESS);
+  size_t buf_origin[3] = {3, 2, 0}, host_origin[3] = {1, 1, 0}, region[3] = {5, 3, 2};
+  ASSERT_EQ(clEnqueueWriteBufferRect(queue_, m, CL_TRUE, buf_origin, host_origin, region, row, slice, row, slice,
+                                     host.data(), 0, nullptr, nullptr),
+            CL_SUCCESS);
+  std::vector<uint8_t> whole(total);
+  ASSERT_EQ(clEnqueueReadBuffer(queue_, m, CL_TRUE, 0, total, whole.data(), 0, nullptr, nullptr), CL_SUCCESS);
+  for (size_t z = 0; z < 2; ++z)
+    for (size_t y = 0; y < 8; ++y)
+      for (size_t x = 0; x < 16; ++x) {
+        bool inside = x >= 3 && x < 8 && y >= 2 && y < 5;
+        uint8_t want = inside ? host[z * slice + (y - 1) * row + (x - 2)] : 0;
+        ASSERT_EQ(whole[z * slice + y * row + x], want) << x << "," << y << "," << z;
+      }
+  // Copy the box elsewhere on the device, then read a rectangle back to a tight layout.
+  size_t dst_origin[3] = {8, 4, 0};
+  ASSERT_EQ(clEnqueueCopyBufferRect(queue_, m, copy, buf_origin, dst_origin, region, row, slice, row, slice, 0,
+                                    nullptr, nullptr),
+            CL_SUCCESS);
+  std::vector<uint8_t> tight(5 * 3 * 2, 0xEE);
+  size_t zero_origin[3] = {0, 0, 0};
+  cl_event ev = nullptr;
+  ASSERT_EQ(clEnqueueReadBufferRect(queue_, copy, CL_FALSE, dst_origin, zero_origin, region, row, slice, 0, 0,
+                                    tight.data(), 0, nullptr, &ev),
+            CL_SUCCESS);
+  ASSERT_EQ(clWaitForEvents(1, &ev), CL_SUCCESS);
+  clReleaseEvent(ev);
+  for (size_t z = 0; z < 2; ++z)
+    for (size_t y = 0; y < 3; ++y)
+      for (size_t x = 0; x < 5; ++x)
+        EXPECT_EQ(tight[z * 15 + y * 5 + x], host[z * slice + (y + 1) * row + (x + 1)]) << x << "," << y << "," << z;
+  size_t bad_region[3] = {17, 1, 1};
+  EXPECT_EQ(clEnqueueReadBufferRect(queue_, m, CL_TRUE, zero_origin, zero_origin, bad_region, row, 0, 0, 0,
+                                    tight.data(), 0, nullptr, nullptr),
+            CL_INVALID_VALUE);
+  clReleaseMemObject(copy);
+  clReleaseMemObject(m);
+}
+
+// ---- programs ----------------------------------------------------------------------------
+
+TEST_F(Tandem, BuildFailureKeepsTheLog) {
+  const char* bad = "__kernel void broken(__global int* x) { x[0] = undefined_name; }";
+  cl_int err = CL_SUCCESS;
+  cl_program p = clCreateProgramWithSource(context_, 1, &bad, nullptr, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  EXPECT_EQ(clBuildProgram(p, 0, nullptr, "", nullptr, nullptr), CL_BUILD_PROGRAM_FAILURE);
+  cl_build_status status = CL_BUILD_NONE;
+  ASSERT_EQ(clGetProgramBuildInfo(p, device_, CL_PROGRAM_BUILD_STATUS, sizeof status, &status, nullptr), CL_SUCCESS);
+  EXPECT_EQ(status, CL_BUILD_ERROR);
+  size_t n = 0;
+  ASSERT_EQ(clGetProgramBuildInfo(p, device_, CL_PROGRAM_BUILD_LOG, 0, nullptr, &n), CL_SUCCESS);
+  std::string log(n, '\0');
+  ASSERT_EQ(clGetProgramBuildInfo(p, device_, CL_PROGRAM_BUILD_LOG, n, log.data(), nullptr), CL_SUCCESS);
+  EXPECT_NE(log.find("undefined_name"), std::string::npos) << log;
+  clCreateKernel(p, "broken", &err);
+  EXPECT_EQ(err, CL_INVALID_PROGRAM_EXECUTABLE);
+  clReleaseProgram(p);
+}
+
+TEST_F(Tandem, BinaryRoundTrip) {
+  cl_program p = Build(kSource);
+  size_t size = 0;
+  ASSERT_EQ(clGetProgramInfo(p, CL_PROGRAM_BINARY_SIZES, sizeof size, &size, nullptr), CL_SUCCESS);
+  ASSERT_GT(size, 0u);
+  std::vector<unsigned char> binary(size);
+  unsigned char* ptrs[1] = {binary.data()};
+  ASSERT_EQ(clGetProgramInfo(p, CL_PROGRAM_BINARIES, sizeof ptrs, ptrs, nullptr), CL_SUCCESS);
+  size_t kernels = 0;
+  ASSERT_EQ(clGetProgramInfo(p, CL_PROGRAM_NUM_KERNELS, sizeof kernels, &kernels, nullptr), CL_SUCCESS);
+  EXPECT_EQ(kernels, 4u);
+
+  const unsigned char* bins[1] = {binary.data()};
+  cl_int status = -1, err = CL_SUCCESS;
+  cl_program q = clCreateProgramWithBinary(context_, 1, &device_, &size, bins, &status, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  EXPECT_EQ(status, CL_SUCCESS);
+  ASSERT_EQ(clBuildProgram(q, 1, &device_, "", nullptr, nullptr), CL_SUCCESS);
+  cl_kernel k = Kernel(q, "inc");
+  std::vector<int> data(256, 41);
+  cl_mem m = Buffer(CL_MEM_COPY_HOST_PTR, data.size() * sizeof(int), data.data());
+  ASSERT_EQ(clSetKernelArg(k, 0, sizeof m, &m), CL_SUCCESS);
+  size_t global = data.size();
+  ASSERT_EQ(clEnqueueNDRangeKernel(queue_, k, 1, nullptr, &global, nullptr, 0, nullptr, nullptr), CL_SUCCESS);
+  ASSERT_EQ(clEnqueueReadBuffer(queue_, m, CL_TRUE, 0, data.size() * sizeof(int), data.data(), 0, nullptr, nullptr),
+            CL_SUCCESS);
+  for (int v : data) ASSERT_EQ(v, 42);
+  cl_program_binary_type bt = 0;
+  ASSERT_EQ(clGetProgramBuildInfo(q, device_, CL_PROGRAM_BINARY_TYPE, sizeof bt, &bt, nullptr), CL_SUCCESS);
+  EXPECT_EQ(bt, static_cast<cl_program_binary_type>(CL_PROGRAM_BINARY_TYPE_EXECUTABLE));
+  clReleaseMemObject(m);
+  clReleaseKernel(k);
+  clReleaseProgram(q);
+  clReleaseProgram(p);
+}
+
+// ---- kernels -----------------------------------------------------------------------------
+
+TEST_F(Tandem, KernelsWithStructAndLocalArguments) {
+  cl_program p = Build(kSource, "-cl-kernel-arg-info");
+  cl_int err = CL_SUCCESS;
+  clCreateKernel(p, "no_such_kernel", &err);
+  EXPECT_EQ(err, CL_INVALID_KERNEL_NAME);
+  cl_uint count = 0;
+  ASSERT_EQ(clCreateKernelsInProgram(p, 0, nullptr, &count), CL_SUCCESS);
+  EXPECT_EQ(count, 4u);
+
+  // A struct passed by value.
+  struct Params {
+    cl_int add;
+    cl_float scale;
+  } params{10, 2.0f};
+  const size_t n = 512;
+  std::vector<float> in(n), out(n);
+  std::iota(in.begin(), in.end(), 0.0f);
+  cl_mem bin = Buffer(CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, n * sizeof(float), in.data());
+  cl_mem bout = Buffer(CL_MEM_WRITE_ONLY, n * sizeof(float));
+  cl_kernel k = Kernel(p, "scale_add");
+  cl_uint nargs = 0;
+  ASSERT_EQ(clGetKernelInfo(k, CL_KERNEL_NUM_ARGS, sizeof nargs, &nargs, nullptr), CL_SUCCESS);
+  EXPECT_EQ(nargs, 3u);
+  ASSERT_EQ(clSetKernelArg(k, 0, sizeof bin, &bin), CL_SUCCESS);
+  ASSERT_EQ(clSetKernelArg(k, 1, sizeof bout, &bout), CL_SUCCESS);
+  size_t global = n;
+  EXPECT_EQ(clEnqueueNDRangeKernel(queue_, k, 1, nullptr, &global, nullptr, 0, nullptr, nullptr),
+            CL_INVALID_KERNEL_ARGS);
+  EXPECT_EQ(clSetKernelArg(k, 2, sizeof params - 1, &params), CL_INVALID_ARG_SIZE);
+  ASSERT_EQ(clSetKernelArg(k, 2, sizeof params, &params), CL_SUCCESS);
+  EXPECT_EQ(clSetKernelArg(k, 3, sizeof params, &params), CL_INVALID_ARG_INDEX);
+  ASSERT_EQ(clEnqueueNDRangeKernel(queue_, k, 1, nullptr, &global, nullptr, 0, nullptr, nullptr), CL_SUCCESS);
+  ASSERT_EQ(clEnqueueReadBuffer(queue_, bout, CL_TRUE, 0, n * sizeof(float), out.data(), 0, nullptr, nullptr),
+            CL_SUCCESS);
+  for (size_t i = 0; i < n; ++i) ASSERT_FLOAT_EQ(out[i], in[i] * 2.0f + 10.0f);
+  char name[64];
+  ASSERT_EQ(clGetKernelArgInfo(k, 2, CL_KERNEL_ARG_TYPE_NAME, sizeof name, name, nullptr), CL_SUCCESS);
+  EXPECT_STREQ(name, "params_t");
+  cl_kernel_arg_address_qualifier aq = 0;
+  ASSERT_EQ(clGetKernelArgInfo(k, 0, CL_KERNEL_ARG_ADDRESS_QUALIFIER, sizeof aq, &aq, nullptr), CL_SUCCESS);
+  EXPECT_EQ(aq, static_cast<cl_kernel_arg_address_qualifier>(CL_KERNEL_ARG_ADDRESS_GLOBAL));
+
+  // __local scratch memory: per-group sums.
+  const size_t items = 1024, group = 64;
+  std::vector<int> values(items);
+  std::iota(values.begin(), values.end(), 1);
+  cl_mem vin = Buffer(CL_MEM_COPY_HOST_PTR, items * sizeof(int), values.data());
+  cl_mem sums = Buffer(CL_MEM_READ_WRITE, items / group * sizeof(int));
+  cl_kernel g = Kernel(p, "group_sum");
+  ASSERT_EQ(clSetKernelArg(g, 0, sizeof vin, &vin), CL_SUCCESS);
+  ASSERT_EQ(clSetKernelArg(g, 1, sizeof sums, &sums), CL_SUCCESS);
+  EXPECT_EQ(clSetKernelArg(g, 2, group * sizeof(int), values.data()), CL_INVALID_ARG_VALUE);
+  ASSERT_EQ(clSetKernelArg(g, 2, group * sizeof(int), nullptr), CL_SUCCESS);
+  size_t wg = 0;
+  ASSERT_EQ(clGetKernelWorkGroupInfo(g, device_, CL_KERNEL_WORK_GROUP_SIZE, sizeof wg, &wg, nullptr), CL_SUCCESS);
+  ASSERT_GE(wg, group);
+  cl_ulong local = 0;
+  ASSERT_EQ(clGetKernelWorkGroupInfo(g, device_, CL_KERNEL_LOCAL_MEM_SIZE, sizeof local, &local, nullptr), CL_SUCCESS);
+  EXPECT_GE(local, group * sizeof(int));
+  ASSERT_EQ(clEnqueueNDRangeKernel(queue_, g, 1, nullptr, &items, &group, 0, nullptr, nullptr), CL_SUCCESS);
+  std::vector<int> got(items / group);
+  ASSERT_EQ(clEnqueueReadBuffer(queue_, sums, CL_TRUE, 0, got.size() * sizeof(int), got.data(), 0, nullptr, nullptr),
+            CL_SUCCESS);
+  for (size_t i = 0; i < got.size(); ++i) {
+    int first = static_cast<int>(i * group) + 1;
+    EXPECT_EQ(got[i], static_cast<int>(group) * first + static_cast<int>(group * (group - 1) / 2)) << i;
+  }
+  for (cl_mem m : {bin, bout, vin, sums}) clReleaseMemObject(m);
+  clReleaseKernel(k);
+  clReleaseKernel(g);
+  clReleaseProgram(p);
+}
+
+TEST_F(Tandem, NDRangeWithOffsetAndChecks) {
+  cl_program p = Build(kSource);
+  cl_kernel k = Kernel(p, "ids");
+  const int width = 32, height = 16;
+  std::vector<int> init(width * height, -1);
+  cl_mem m = Buffer(CL_MEM_COPY_HOST_PTR, init.size() * sizeof(int), init.data());
+  ASSERT_EQ(clSetKernelArg(k, 0, sizeof m, &m), CL_SUCCESS);
+  ASSERT_EQ(clSetKernelArg(k, 1, sizeof width, &width), CL_SUCCESS);
+  size_t offset[2] = {8, 4}, global[2] = {16, 8}, local[2] = {4, 4};
+  ASSERT_EQ(clEnqueueNDRangeKernel(queue_, k, 2, offset, global, local, 0, nullptr, nullptr), CL_SUCCESS);
+  std::vector<int> got(init.size());
+  ASSERT_EQ(clEnqueueReadBuffer(queue_, m, CL_TRUE, 0, got.size() * sizeof(int), got.data(), 0, nullptr, nullptr),
+            CL_SUCCESS);
+  for (int y = 0; y < height; ++y)
+    for (int x = 0; x < width; ++x) {
+      bool inside = x >= 8 && x < 24 && y >= 4 && y < 12;
+      ASSERT_EQ(got[y * width + x], inside ? x + 1000 * y : -1) << x << "," << y;
+    }
+  size_t bad_local[2] = {3, 4};
+  EXPECT_EQ(clEnqueueNDRangeKernel(queue_, k, 2, nullptr, global, bad_local, 0, nullptr, nullptr),
+            CL_INVALID_WORK_GROUP_SIZE);
+  EXPECT_EQ(clEnqueueNDRangeKernel(queue_, k, 0, nullptr, global, nullptr, 0, nullptr, nullptr),
+            CL_INVALID_WORK_DIMENSION);
+  EXPECT_EQ(clEnqueueNDRangeKernel(queue_, k, 4, nullptr, global, nullptr, 0, nullptr, nullptr),
+            CL_INVALID_WORK_DIMENSION);
+  // A task is a 1x1x1 range.
+  cl_kernel inc = Kernel(p, "inc");
+  ASSERT_EQ(clSetKernelArg(inc, 0, sizeof m, &m), CL_SUCCESS);
+  ASSERT_EQ(clEnqueueTask(queue_, inc, 0, nullptr, nullptr), CL_SUCCESS);
+  int first = 0;
+  ASSERT_EQ(clEnqueueReadBuffer(queue_, m, CL_TRUE, 0, sizeof first, &first, 0, nullptr, nullptr), CL_SUCCESS);
+  EXPECT_EQ(first, 0);  // -1 + 1
+  clReleaseKernel(inc);
+  clReleaseMemObject(m);
+  clReleaseKernel(k);
+  clReleaseProgram(p);
+}
+
+// ---- events ----------------------------------------------------------------------------
+
+TEST_F(Tandem, EventsMarkersAndProfiling) {
+  cl_program p = Build(kSource);
+  cl_kernel k = Kernel(p, "inc");
+  std::vector<int> data(4096, 0);
+  cl_mem m = Buffer(CL_MEM_COPY_HOST_PTR, data.size() * sizeof(int), data.data());
+  ASSERT_EQ(clSetKernelArg(k, 0, sizeof m, &m), CL_SUCCESS);
+  cl_command_queue pq = ProfilingQueue();
+  size_t global = data.size();
+  cl_event run = nullptr, marker = nullptr, barrier = nullptr;
+  ASSERT_EQ(clEnqueueNDRangeKernel(pq, k, 1, nullptr, &global, nullptr, 0, nullptr, &run), CL_SUCCESS);
+  ASSERT_EQ(clEnqueueMarkerWithWaitList(pq, 1, &run, &marker), CL_SUCCESS);
+  ASSERT_EQ(clEnqueueBarrierWithWaitList(pq, 0, nullptr, &barrier), CL_SUCCESS);
+  ASSERT_EQ(clFlush(pq), CL_SUCCESS);
+  cl_event all[] = {run, marker, barrier};
+  ASSERT_EQ(clWaitForEvents(3, all), CL_SUCCESS);
+  cl_int status = -1;
+  ASSERT_EQ(clGetEventInfo(run, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, nullptr), CL_SUCCESS);
+  EXPECT_EQ(status, CL_COMPLETE);
+  cl_ulong t[4] = {};
+  const cl_profiling_info keys[4] = {CL_PROFILING_COMMAND_QUEUED, CL_PROFILING_COMMAND_SUBMIT,
+                                     CL_PROFILING_COMMAND_START, CL_PROFILING_COMMAND_END};
+  for (int i = 0; i < 4; ++i)
+    ASSERT_EQ(clGetEventProfilingInfo(run, keys[i], sizeof t[i], &t[i], nullptr), CL_SUCCESS);
+  EXPECT_LE(t[0], t[1]);
+  EXPECT_LE(t[1], t[2]);
+  EXPECT_LE(t[2], t[3]);
+  EXPECT_GT(t[3], 0u);
+  cl_command_queue eq = nullptr;
+  ASSERT_EQ(clGetEventInfo(run, CL_EVENT_COMMAND_QUEUE, sizeof eq, &eq, nullptr), CL_SUCCESS);
+  EXPECT_EQ(eq, pq);
+
+  // Without CL_QUEUE_PROFILING_ENABLE there is nothing to report.
+  cl_event plain = nullptr;
+  ASSERT_EQ(clEnqueueNDRangeKernel(queue_, k, 1, nullptr, &global, nullptr, 0, nullptr, &plain), CL_SUCCESS);
+  ASSERT_EQ(clFinish(queue_), CL_SUCCESS);
+  EXPECT_EQ(clGetEventProfilingInfo(plain, CL_PROFILING_COMMAND_END, sizeof t[0], &t[0], nullptr),
+            CL_PROFILING_INFO_NOT_AVAILABLE);
+  ASSERT_EQ(clEnqueueReadBuffer(queue_, m, CL_TRUE, 0, sizeof(int), data.data(), 0, nullptr, nullptr), CL_SUCCESS);
+  EXPECT_EQ(data[0], 2);
+  for (cl_event e : {run, marker, barrier, plain}) clReleaseEvent(e);
+  clReleaseCommandQueue(pq);
+  clReleaseMemObject(m);
+  clReleaseKernel(k);
+  clReleaseProgram(p);
+}
+
+struct CallbackLog {
+  std::mutex mu;
+  std::vector<std::pair<cl_event, cl_int>> calls;
+  std::thread::id thread;
+};
+
+void CL_CALLBACK Record(cl_event e, cl_int status, void* data) {
+  auto* log = static_cast<CallbackLog*>(data);
+  std::lock_guard lock(log->mu);
+  log->calls.emplace_back(e, status);
+  log->thread = std::this_thread::get_id();
+}
+
+TEST_F(Tandem, UserEventsAndCallbacks) {
+  cl_program p = Build(kSource);
+  cl_kernel k = Kernel(p, "inc");
+  std::vector<int> data(64, 5);
+  cl_mem m = Buffer(CL_MEM_COPY_HOST_PTR, data.size() * sizeof(int), data.data());
+  ASSERT_EQ(clSetKernelArg(k, 0, sizeof m, &m), CL_SUCCESS);
+  cl_int err = CL_SUCCESS;
+  cl_event gate = clCreateUserEvent(context_, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  cl_int status = -1;
+  ASSERT_EQ(clGetEventInfo(gate, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, nullptr), CL_SUCCESS);
+  EXPECT_EQ(status, CL_SUBMITTED);
+
+  // The kernel waits for the user event; its callback must not run before the gate opens.
+  size_t global = data.size();
+  cl_event run = nullptr;
+  ASSERT_EQ(clEnqueueNDRangeKernel(queue_, k, 1, nullptr, &global, nullptr, 1, &gate, &run), CL_SUCCESS);
+  CallbackLog log;
+  ASSERT_EQ(clSetEventCallback(run, CL_COMPLETE, Record, &log), CL_SUCCESS);
+  ASSERT_EQ(clFlush(queue_), CL_SUCCESS);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  {
+    std::lock_guard lock(log.mu);
+    EXPECT_TRUE(log.calls.empty());
+  }
+  ASSERT_EQ(clGetEventInfo(run, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, nullptr), CL_SUCCESS);
+  EXPECT_GT(status, CL_COMPLETE);
+  ASSERT_EQ(clSetUserEventStatus(gate, CL_COMPLETE), CL_SUCCESS);
+  EXPECT_EQ(clSetUserEventStatus(gate, CL_COMPLETE), CL_INVALID_OPERATION);
+  ASSERT_EQ(clWaitForEvents(1, &run), CL_SUCCESS);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (;;) {
+    {
+      std::lock_guard lock(log.mu);
+      if (!log.calls.empty() || std::chrono::steady_clock::now() > deadline) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  {
+    std::lock_guard lock(log.mu);
+    ASSERT_EQ(log.calls.size(), 1u);
+    EXPECT_EQ(log.calls[0].first, run);
+    EXPECT_EQ(log.calls[0].second, CL_COMPLETE);
+    EXPECT_NE(log.thread, std::this_thread::get_id());
+  }
+  // On an event already complete, the callback still runs on the library's thread.
+  CallbackLog late;
+  ASSERT_EQ(clSetEventCallback(run, CL_COMPLETE, Record, &late), CL_SUCCESS);
+  for (int i = 0; i < 1000; ++i) {
+    std::lock_guard lock(late.mu);
+    if (!late.calls.empty()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  {
+    std::lock_guard lock(late.mu);
+    EXPECT_EQ(late.calls.size(), 1u);
+  }
+  EXPECT_EQ(clSetEventCallback(run, 42, Record, &late), CL_INVALID_VALUE);
+  ASSERT_EQ(clEnqueueReadBuffer(queue_, m, CL_TRUE, 0, data.size() * sizeof(int), data.data(), 0, nullptr, nullptr),
+            CL_SUCCESS);
+  EXPECT_EQ(data[0], 6);
+
+  // A failed user event fails the commands that wait for it.
+  cl_event fail = clCreateUserEvent(context_, &err);
+  cl_event after = nullptr;
+  ASSERT_EQ(clEnqueueMarkerWithWaitList(queue_, 1, &fail, &after), CL_SUCCESS);
+  ASSERT_EQ(clSetUserEventStatus(fail, -1234), CL_SUCCESS);
+  EXPECT_EQ(clWaitForEvents(1, &fail), CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST);
+  ASSERT_EQ(clGetEventInfo(fail, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, nullptr), CL_SUCCESS);
+  EXPECT_EQ(status, -1234);
+  clWaitForEvents(1, &after);
+  for (cl_event e : {gate, run, fail, after}) clReleaseEvent(e);
+  clReleaseMemObject(m);
+  clReleaseKernel(k);
+  clReleaseProgram(p);
+}
+
+// ---- reference counts ----------------------------------------------------------------------
+
+void CL_CALLBACK CountDestructor(cl_mem, void* data) { static_cast<std::atomic<int>*>(data)->fetch_add(1); }
+
+template <class T, class Info>
+cl_uint RefCount(T obj, cl_int (*get)(T, Info, size_t, void*, size_t*), Info key) {
+  cl_uint n = 0;
+  EXPECT_EQ(get(obj, key, sizeof n, &n, nullptr), CL_SUCCESS);
+  return n;
+}
+
+TEST_F(Tandem, ReferenceCounts) {
+  EXPECT_EQ(RefCount(context_, clGetContextInfo, cl_context_info{CL_CONTEXT_REFERENCE_COUNT}), 1u);
+  ASSERT_EQ(clRetainContext(context_), CL_SUCCESS);
+  EXPECT_EQ(RefCount(context_, clGetContextInfo, cl_context_info{CL_CONTEXT_REFERENCE_COUNT}), 2u);
+  ASSERT_EQ(clReleaseContext(context_), CL_SUCCESS);
+
+  // A buffer released by the application lives on while its sub-buffer holds it.
+  std::vector<int> init(256);
+  std::iota(init.begin(), init.end(), 0);
+  cl_mem parent = Buffer(CL_MEM_COPY_HOST_PTR, init.size() * sizeof(int), init.data());
+  std::atomic<int> destroyed{0};
+  ASSERT_EQ(clSetMemObjectDestructorCallback(parent, CountDestructor, &destroyed), CL_SUCCESS);
+  ASSERT_EQ(clRetainMemObject(parent), CL_SUCCESS);
+  EXPECT_EQ(RefCount(parent, clGetMemObjectInfo, cl_mem_info{CL_MEM_REFERENCE_COUNT}), 2u);
+  ASSERT_EQ(clReleaseMemObject(parent), CL_SUCCESS);
+  cl_buffer_region region{128, 128};
+  cl_int err = CL_SUCCESS;
+  cl_mem sub = clCreateSubBuffer(parent, 0, CL_BUFFER_CREATE_TYPE_REGION, &region, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  ASSERT_EQ(clReleaseMemObject(parent), CL_SUCCESS);
+  std::vector<int> got(32);
+  ASSERT_EQ(clEnqueueReadBuffer(queue_, sub, CL_TRUE, 0, 128, got.data(), 0, nullptr, nullptr), CL_SUCCESS);
+  EXPECT_EQ(got[0], 32);
+  EXPECT_EQ(destroyed.load(), 0);
+  ASSERT_EQ(clReleaseMemObject(sub), CL_SUCCESS);
+  for (int i = 0; i < 1000 && destroyed.load() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  EXPECT_EQ(destroyed.load(), 1);
+
+  // A program stays while its kernels do; a kernel reports its own count.
+  cl_program p = Build(kSource);
+  cl_kernel k = Kernel(p, "inc");
+  EXPECT_EQ(RefCount(p, clGetProgramInfo, cl_program_info{CL_PROGRAM_REFERENCE_COUNT}), 1u);
+  ASSERT_EQ(clRetainKernel(k), CL_SUCCESS);
+  EXPECT_EQ(RefCount(k, clGetKernelInfo, cl_kernel_info{CL_KERNEL_REFERENCE_COUNT}), 2u);
+  ASSERT_EQ(clReleaseKernel(k), CL_SUCCESS);
+  // Rebuilding while a kernel is attached is refused.
+  EXPECT_EQ(clBuildProgram(p, 0, nullptr, "", nullptr, nullptr), CL_INVALID_OPERATION);
+  ASSERT_EQ(clReleaseProgram(p), CL_SUCCESS);
+  cl_program owner = nullptr;
+  ASSERT_EQ(clGetKernelInfo(k, CL_KERNEL_PROGRAM, sizeof owner, &owner, nullptr), CL_SUCCESS);
+  EXPECT_EQ(owner, p);
+  ASSERT_EQ(clReleaseKernel(k), CL_SUCCESS);
+
+  cl_event user = clCreateUserEvent(context_, &err);
+  ASSERT_EQ(clRetainEvent(user), CL_SUCCESS);
+  EXPECT_EQ(RefCount(user, clGetEventInfo, cl_event_info{CL_EVENT_REFERENCE_COUNT}), 2u);
+  ASSERT_EQ(clReleaseEvent(user), CL_SUCCESS);
+  ASSERT_EQ(clSetUserEventStatus(user, CL_COMPLETE), CL_SUCCESS);
+  ASSERT_EQ(clReleaseEvent(user), CL_SUCCESS);
+  EXPECT_EQ(RefCount(queue_, clGetCommandQueueInfo, cl_command_queue_info{CL_QUEUE_REFERENCE_COUNT}), 1u);
+}
+
+// ---- no server ---------------------------------------------------------------------------
+
+// TANDEM_SERVERS names a port nobody listens on: the platform is there with no devices.
+TEST(TandemWithoutServer, PlatformHasNoDevices) {
+  PointLoaderAtTandem("127.0.0.1:" + std::to_string(FreePort()));
+  setenv("TANDEM_CONNECT_TIMEOUT_MS", "1000", 1);
+  cl_platform_id p = TandemPlatform();
+  ASSERT_NE(p, nullptr);
+  cl_uint n = 5;
+  EXPECT_EQ(clGetDeviceIDs(p, CL_DEVICE_TYPE_ALL, 0, nullptr, &n), CL_DEVICE_NOT_FOUND);
+  EXPECT_EQ(n, 0u);
+}
+
+}  // namespace
