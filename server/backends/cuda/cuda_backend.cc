@@ -63,7 +63,7 @@ CudaBackend::CudaBackend(const Driver* driver, std::vector<CUdevice> devices, st
 }
 
 CudaBackend::~CudaBackend() {
-  for (uint32_t i = 0; i < devices_.size(); ++i) ReleaseDevice(i);
+  for (uint32_t i = 0; i < devices_.size(); ++i) ReleaseDevice(i, false);
 }
 
 std::vector<std::pair<uint32_t, std::string>> CudaBackend::TakeOutput() {
@@ -110,7 +110,7 @@ void CudaBackend::Forget(const char* what, uint32_t device, CUresult r) {
 // are expected here after a sticky failure and only logged: the context goes away anyway.
 // Pinned host memory (staging, user-event words) is freed with the context itself, since a
 // stream may still be reading it.
-void CudaBackend::ReleaseDevice(uint32_t device) {
+void CudaBackend::ReleaseDevice(uint32_t device, bool keep_reservations) {
   Device& d = devices_[device];
   if (!d.ctx) return;
   Forget("cuCtxSetCurrent", device, drv_->cuCtxSetCurrent(d.ctx));
@@ -144,7 +144,7 @@ void CudaBackend::ReleaseDevice(uint32_t device) {
   }
   d.staging = nullptr;
   d.flags = {};
-  for (auto it = reservations_.begin(); it != reservations_.end();) {
+  for (auto it = reservations_.begin(); !keep_reservations && it != reservations_.end();) {
     if (it->second.device != device) {
       ++it;
       continue;
@@ -205,19 +205,26 @@ Status CudaBackend::OnMemInfo(const ir::MemInfoReq& req, ir::MemInfoRep* rep) {
 
 // cudaDeviceReset: frees every resource of the session on the device and resets its
 // primary context (which also clears a sticky error). The address ranges the client
-// reserved are reserved again at the same addresses, so its pointers stay meaningful
-// whether or not it sends AddressReserve again (an identical one is accepted).
+// reserved stay reserved at the same addresses, so its pointers stay meaningful whether or
+// not it sends AddressReserve again (an identical one is accepted).
 Status CudaBackend::OnDeviceReset(const ir::DeviceResetReq& req, ir::DeviceResetRep*) {
   TANDEM_RETURN_IF_ERROR(CheckDevice(req.device));
   const auto device = static_cast<uint32_t>(req.device);
-  std::vector<std::pair<uint64_t, uint64_t>> ranges;
-  for (const auto& [base, r] : reservations_)
-    if (r.device == device) ranges.emplace_back(base, r.size);
-  ReleaseDevice(device);
+  ReleaseDevice(device, true);
   Device& d = devices_[device];
   TANDEM_RETURN_IF_ERROR(drv_->Check(drv_->cuDevicePrimaryCtxReset(d.dev), "cuDevicePrimaryCtxReset"));
   d.sticky = Status::Ok();
-  for (const auto& [base, size] : ranges) TANDEM_RETURN_IF_ERROR(Reserve(device, base, size));
+  // Whether the reset dropped a reservation is the driver's business: asking for the range
+  // again either gets it back at its base, or finds it still held and gives the offer back.
+  for (const auto& [base, r] : reservations_) {
+    if (r.device != device) continue;
+    TANDEM_RETURN_IF_ERROR(Enter(device));
+    uint64_t g = 0;
+    TANDEM_RETURN_IF_ERROR(Granularity(device, &g));
+    CUdeviceptr va = 0;
+    TANDEM_RETURN_IF_ERROR(Check(device, drv_->cuMemAddressReserve(&va, r.size, g, base, 0), "cuMemAddressReserve"));
+    if (va != base) Forget("cuMemAddressFree", device, drv_->cuMemAddressFree(va, r.size));
+  }
   return Status::Ok();
 }
 

@@ -144,7 +144,9 @@ class CudaBackend final : public Backend {
   Status RetainContext(Device& d);
   // Driver result of a call on `device`: a sticky error is remembered for the device.
   Status Check(uint32_t device, CUresult r, std::string_view call);
-  void ReleaseDevice(uint32_t device);
+  // Frees the session's resources on the device and releases its context; reservations too
+  // unless `keep_reservations` (DeviceReset keeps the client's address ranges).
+  void ReleaseDevice(uint32_t device, bool keep_reservations);
   void Forget(const char* what, uint32_t device, CUresult r);
 
   // cuda_memory.cc

@@ -1,0 +1,619 @@
+// In-process tests of the CUDA backend: MakeCudaBackend called directly, commands run as a
+// session worker runs them. Without a GPU (or libcuda) they skip, except the one that checks
+// that MakeCudaBackend then fails cleanly.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <optional>
+
+#include "tandem/server/backend.h"
+
+namespace tandem::server {
+namespace {
+
+// CUDA values the tests compare with (cuda.h is not needed to build the tests).
+constexpr int32_t kCudaErrorNotFound = 500;        // CUDA_ERROR_NOT_FOUND
+constexpr int32_t kCudaErrorIllegalAddress = 700;  // CUDA_ERROR_ILLEGAL_ADDRESS
+constexpr uint32_t kAttrWarpSize = 10;             // CU_DEVICE_ATTRIBUTE_WARP_SIZE
+constexpr uint32_t kAttrMultiprocessors = 16;      // CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+constexpr uint32_t kFuncMaxThreads = 0;            // CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
+constexpr uint32_t kFuncMaxDynamicShared = 8;      // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+
+constexpr uint64_t kBase = ir::kCudaVaBase;
+constexpr uint64_t kRange = 1ull << 34;  // 16 GiB of the client's range
+
+// BulkIO over this process's memory: Region.addr is a host pointer. Chunks are deliberately
+// not a multiple of the backend's staging chunk.
+class HostBulk : public BulkIO {
+ public:
+  static constexpr size_t kChunk = (3u << 20) + 5;
+  Status Pull(const ir::Region& remote, size_t len,
+              const std::function<Status(const uint8_t*, size_t, size_t)>& sink) override {
+    const auto* p = reinterpret_cast<const uint8_t*>(remote.addr);
+    for (size_t off = 0; off < len; off += kChunk) TANDEM_RETURN_IF_ERROR(sink(p + off, off, std::min(kChunk, len - off)));
+    return Status::Ok();
+  }
+  Status Push(const ir::Region& remote, size_t len, const std::function<Status(uint8_t*, size_t, size_t)>& source) override {
+    std::vector<uint8_t> chunk(kChunk);
+    auto* p = reinterpret_cast<uint8_t*>(remote.addr);
+    for (size_t off = 0; off < len; off += kChunk) {
+      const size_t n = std::min(kChunk, len - off);
+      TANDEM_RETURN_IF_ERROR(source(chunk.data(), off, n));
+      std::memcpy(p + off, chunk.data(), n);
+    }
+    return Status::Ok();
+  }
+};
+
+std::optional<ir::bytes> ReadFile(const char* path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  return ir::bytes(std::istreambuf_iterator<char>(in), {});
+}
+
+template <class T>
+ir::bytes Bytes(const T& v) {
+  ir::bytes b(sizeof(T));
+  std::memcpy(b.data(), &v, sizeof(T));
+  return b;
+}
+
+const ir::Prop* FindProp(const ir::PropList& props, uint32_t key) {
+  for (const auto& p : props)
+    if (p.key == key) return &p;
+  return nullptr;
+}
+
+int32_t PropI32(const ir::Prop& p) {
+  int32_t v = 0;
+  std::memcpy(&v, p.value.data(), std::min<size_t>(4, p.value.size()));
+  return v;
+}
+
+TEST(CudaBackendStart, FailsCleanlyOrServesDevices) {
+  auto made = MakeCudaBackend(BackendOptions{});
+  if (!made.ok()) {
+    // No driver, no device or a build without CUDA headers: a status, never a crash.
+    EXPECT_FALSE(made.status().message().empty());
+    EXPECT_TRUE(made.status().code() == Code::kUnimplemented || made.status().code() == Code::kApiError)
+        << made.status().ToString();
+    return;
+  }
+  EXPECT_GT(made.value()->device_count(), 0u);
+  EXPECT_EQ(made.value()->name(), "cuda");
+  made.value().reset();
+  // A device filter naming a device that does not exist is refused.
+  auto filtered = MakeCudaBackend(BackendOptions{"0,999"});
+  ASSERT_FALSE(filtered.ok());
+  EXPECT_EQ(filtered.status().code(), Code::kInvalidArgument) << filtered.status().ToString();
+  auto garbage = MakeCudaBackend(BackendOptions{"zero"});
+  EXPECT_EQ(garbage.status().code(), Code::kInvalidArgument) << garbage.status().ToString();
+}
+
+class CudaBackendTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto made = MakeCudaBackend(BackendOptions{});
+    if (!made.ok()) GTEST_SKIP() << "no usable CUDA backend here: " << made.status().ToString();
+    b_ = std::move(made.value());
+    b_->set_bulk(&bulk_);
+  }
+  void TearDown() override {
+    if (!b_) return;
+    // gtest reports failures on stdout, which the backend captures: pass them on.
+    for (const auto& [fd, text] : b_->TakeOutput()) std::fwrite(text.data(), 1, text.size(), stderr);
+    b_.reset();
+  }
+
+  uint64_t Reserve() {
+    ir::AddressReserveRep rep;
+    Status st = b_->OnAddressReserve({0, kBase, kRange}, &rep);
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    return rep.granularity;
+  }
+  Status Alloc(uint64_t buffer, uint64_t address, uint64_t size) {
+    return b_->OnBufferAlloc({buffer, 0, size, 0, address}, nullptr);
+  }
+  Status Write(uint64_t buffer, uint64_t offset, const ir::bytes& data, uint64_t stream = 0) {
+    ir::BufferWriteReq req;
+    req.stream = stream;
+    req.buffer = buffer;
+    req.offset = offset;
+    req.size = data.size();
+    req.data = data;
+    return b_->OnBufferWrite(req, nullptr);
+  }
+  Result<ir::bytes> Read(uint64_t buffer, uint64_t offset, uint64_t size, uint64_t stream = 0) {
+    ir::BufferReadReq req;
+    req.stream = stream;
+    req.buffer = buffer;
+    req.offset = offset;
+    req.size = size;
+    ir::BufferReadRep rep;
+    Status st = b_->OnBufferRead(req, &rep);
+    if (!st.ok()) return st;
+    return rep.data;
+  }
+  Status LoadModule(uint64_t module, const char* path) {
+    auto image = ReadFile(path);
+    if (!image) return Status::Invalid(std::string("cannot read ") + path);
+    return b_->OnModuleLoad({module, 0, static_cast<uint32_t>(ir::ModuleKind::kCudaImage), *image}, nullptr);
+  }
+  Result<ir::FunctionInfo> GetFunction(uint64_t function, uint64_t module, const std::string& name) {
+    ir::FunctionGetRep rep;
+    Status st = b_->OnFunctionGet({function, module, name}, &rep);
+    if (!st.ok()) return st;
+    return rep.info;
+  }
+  Status Launch(uint64_t function, uint64_t grid, uint64_t block, std::vector<ir::bytes> args, uint64_t stream = 0,
+                std::vector<uint64_t> wait = {}, uint64_t signal = 0) {
+    ir::LaunchReq req;
+    req.stream = stream;
+    req.function = function;
+    req.dims = 1;
+    req.grid = {grid};
+    req.block = {block};
+    for (auto& a : args) req.args.push_back(ir::LaunchArg{static_cast<uint32_t>(ir::ArgKind::kBytes), 0, std::move(a)});
+    req.wait = std::move(wait);
+    req.signal = signal;
+    return b_->OnLaunch(req, nullptr);
+  }
+  Status Sync() { return b_->OnDeviceSync({0}, nullptr); }
+
+  HostBulk bulk_;
+  std::unique_ptr<Backend> b_;
+};
+
+#define ASSERT_OK(expr)                                  \
+  do {                                                   \
+    ::tandem::Status _st = (expr);                       \
+    ASSERT_TRUE(_st.ok()) << #expr ": " << _st.ToString(); \
+  } while (0)
+
+#define REQUIRE_MODULES()                                                       \
+  do {                                                                          \
+    if (std::string(kFatbin).empty()) GTEST_SKIP() << "built without nvcc: no test modules"; \
+  } while (0)
+
+#ifdef TANDEM_TEST_FATBIN
+constexpr const char* kFatbin = TANDEM_TEST_FATBIN;
+constexpr const char* kDynamicFatbin = TANDEM_TEST_DYNAMIC_FATBIN;
+#else
+constexpr const char* kFatbin = "";
+constexpr const char* kDynamicFatbin = "";
+#endif
+
+TEST_F(CudaBackendTest, DeviceInfo) {
+  ir::DeviceInfoRep rep;
+  ASSERT_OK(b_->OnDeviceInfo({0}, &rep));
+  EXPECT_EQ(rep.api, static_cast<uint32_t>(Api::kCuda));
+  EXPECT_EQ(rep.platform, "CUDA");
+  EXPECT_FALSE(rep.name.empty());
+  const ir::Prop* warp = FindProp(rep.props, ir::kCudaAttrBase + kAttrWarpSize);
+  ASSERT_NE(warp, nullptr);
+  EXPECT_EQ(PropI32(*warp), 32);
+  const ir::Prop* sms = FindProp(rep.props, ir::kCudaAttrBase + kAttrMultiprocessors);
+  ASSERT_NE(sms, nullptr);
+  EXPECT_GT(PropI32(*sms), 0);
+  EXPECT_GT(rep.props.size(), 100u);
+  const ir::Prop* total = FindProp(rep.props, ir::kCudaTotalMem);
+  ASSERT_NE(total, nullptr);
+  ASSERT_EQ(total->value.size(), 8u);
+  uint64_t bytes = 0;
+  std::memcpy(&bytes, total->value.data(), 8);
+  EXPECT_GT(bytes, 1ull << 30);
+  const ir::Prop* uuid = FindProp(rep.props, ir::kCudaUuid);
+  ASSERT_NE(uuid, nullptr);
+  EXPECT_EQ(uuid->value.size(), 16u);
+  const ir::Prop* version = FindProp(rep.props, ir::kCudaDriverVersion);
+  ASSERT_NE(version, nullptr);
+  EXPECT_GE(PropI32(*version), 12000);
+
+  EXPECT_EQ(b_->OnDeviceInfo({b_->device_count()}, &rep).code(), Code::kInvalidArgument);
+  ir::MemInfoRep mem;
+  ASSERT_OK(b_->OnMemInfo({0}, &mem));
+  EXPECT_GT(mem.total, 0u);
+  EXPECT_LE(mem.free, mem.total);
+}
+
+TEST_F(CudaBackendTest, AddressReserveAtClientBase) {
+  const uint64_t g = Reserve();
+  ASSERT_GT(g, 0u);
+  EXPECT_EQ(g & (g - 1), 0u) << "granularity " << g;
+  ir::AddressReserveRep rep;
+  // The same range again is accepted; an overlapping or misaligned one is not.
+  ASSERT_OK(b_->OnAddressReserve({0, kBase, kRange}, &rep));
+  EXPECT_EQ(b_->OnAddressReserve({0, kBase + g, kRange}, &rep).code(), Code::kInvalidArgument);
+  EXPECT_EQ(b_->OnAddressReserve({0, kBase + kRange + 1, g}, &rep).code(), Code::kInvalidArgument);
+  EXPECT_EQ(b_->OnAddressReserve({0, kBase + kRange, 0}, &rep).code(), Code::kInvalidArgument);
+  EXPECT_EQ(b_->OnAddressReserve({b_->device_count(), kBase + kRange, g}, &rep).code(), Code::kInvalidArgument);
+  // A second, adjacent range of the client's space.
+  ASSERT_OK(b_->OnAddressReserve({0, kBase + kRange, g}, &rep));
+}
+
+TEST_F(CudaBackendTest, MemoryRoundTripAndAbsoluteAddressing) {
+  const uint64_t g = Reserve();
+  ASSERT_OK(Alloc(1, kBase, (1u << 20) + 3));
+  ASSERT_OK(Alloc(2, kBase + 4 * g, 1u << 20));
+  // Overlapping, misaligned, outside the reservation, duplicate handle, no address.
+  EXPECT_EQ(Alloc(3, kBase + 4 * g, 16).code(), Code::kInvalidArgument);
+  EXPECT_EQ(Alloc(3, kBase + g + 16, 16).code(), Code::kInvalidArgument);
+  EXPECT_EQ(Alloc(3, kBase + kRange, 16).code(), Code::kInvalidArgument);
+  EXPECT_EQ(Alloc(3, kBase + kRange - g, 2 * g).code(), Code::kInvalidArgument);
+  EXPECT_EQ(Alloc(1, kBase + 8 * g, 16).code(), Code::kInvalidArgument);
+  EXPECT_EQ(Alloc(3, 0, 16).code(), Code::kInvalidArgument);
+
+  ir::bytes pattern(4096);
+  for (size_t i = 0; i < pattern.size(); ++i) pattern[i] = static_cast<uint8_t>(i * 7 + 1);
+  ASSERT_OK(Write(1, 100, pattern));
+  auto back = Read(1, 100, pattern.size());
+  ASSERT_OK(back.status());
+  EXPECT_EQ(back.value(), pattern);
+
+  // Copy into buffer 2, then address both by absolute address (buffer 0).
+  ASSERT_OK(b_->OnBufferCopy({0, 1, 100, 2, 8, pattern.size(), {}, 0}, nullptr));
+  back = Read(0, kBase + 4 * g + 8, pattern.size());
+  ASSERT_OK(back.status());
+  EXPECT_EQ(back.value(), pattern);
+  ASSERT_OK(Write(0, kBase + 16, ir::bytes{1, 2, 3, 4}));
+  back = Read(1, 16, 4);
+  ASSERT_OK(back.status());
+  EXPECT_EQ(back.value(), (ir::bytes{1, 2, 3, 4}));
+  ASSERT_OK(b_->OnBufferCopy({0, 0, kBase + 16, 0, kBase + 4 * g, 4, {}, 0}, nullptr));
+  back = Read(2, 0, 4);
+  ASSERT_OK(back.status());
+  EXPECT_EQ(back.value(), (ir::bytes{1, 2, 3, 4}));
+
+  // Fills of 1, 2 and 4 bytes.
+  ASSERT_OK(b_->OnBufferFill({0, 2, 0, 8, {0xAB}, {}, 0}, nullptr));
+  ASSERT_OK(b_->OnBufferFill({0, 2, 8, 8, {0x01, 0x02}, {}, 0}, nullptr));
+  ASSERT_OK(b_->OnBufferFill({0, 0, kBase + 4 * g + 16, 8, {0x10, 0x20, 0x30, 0x40}, {}, 0}, nullptr));
+  back = Read(2, 0, 24);
+  ASSERT_OK(back.status());
+  EXPECT_EQ(back.value(), (ir::bytes{0xAB, 0xAB, 0xAB, 0xAB, 0xAB, 0xAB, 0xAB, 0xAB, 1, 2, 1, 2, 1, 2, 1, 2, 0x10, 0x20,
+                                     0x30, 0x40, 0x10, 0x20, 0x30, 0x40}));
+  EXPECT_EQ(b_->OnBufferFill({0, 2, 0, 9, {1, 2, 3}, {}, 0}, nullptr).code(), Code::kInvalidArgument);
+  EXPECT_EQ(b_->OnBufferFill({0, 2, 1, 8, {1, 2, 3, 4}, {}, 0}, nullptr).code(), Code::kInvalidArgument);
+
+  // Out of range, by handle and by address; unknown handles.
+  EXPECT_EQ(Read(1, (1u << 20), 4).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(Read(1, UINT64_MAX - 1, 4).status().code(), Code::kInvalidArgument);
+  Status st = Read(0, kBase + (1u << 20) + 3, 1).status();
+  EXPECT_EQ(st.code(), Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("0x200000100003"), std::string::npos) << st.message();
+  EXPECT_EQ(Read(0, kBase + (1u << 20), 4).status().code(), Code::kInvalidArgument);  // runs past the end
+  EXPECT_EQ(Read(0, 0x1000, 4).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(Read(42, 0, 4).status().code(), Code::kUnknownHandle);
+  EXPECT_EQ(Write(1, 0, pattern, 77).code(), Code::kUnknownHandle);
+  EXPECT_EQ(b_->OnBufferCopy({0, 1, 0, 2, (1u << 20) - 4, 8, {}, 0}, nullptr).code(), Code::kInvalidArgument);
+
+  ASSERT_OK(b_->OnBufferFree({2}, nullptr));
+  EXPECT_EQ(b_->OnBufferFree({2}, nullptr).code(), Code::kUnknownHandle);
+  EXPECT_EQ(Read(0, kBase + 4 * g, 4).status().code(), Code::kInvalidArgument);
+  // The freed range can be mapped again.
+  ASSERT_OK(Alloc(4, kBase + 4 * g, 64));
+  ASSERT_OK(Write(4, 0, pattern));
+}
+
+TEST_F(CudaBackendTest, RectCopy) {
+  const uint64_t g = Reserve();
+  ASSERT_OK(Alloc(1, kBase, 4096));
+  ASSERT_OK(Alloc(2, kBase + g, 4096));
+  ir::bytes src(16 * 8);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i);
+  ASSERT_OK(Write(1, 0, src));
+  ASSERT_OK(b_->OnBufferFill({0, 2, 0, 256, {0}, {}, 0}, nullptr));
+  // 4 bytes x 3 rows from (2, 1) of a 16-byte-pitch source to (0, 0) of an 8-byte-pitch destination.
+  ir::BufferCopyRectReq req{0, 1, 2, {2, 1, 0}, {0, 0, 0}, {4, 3, 1}, {16, 0, 8, 0}, {}, 0};
+  ASSERT_OK(b_->OnBufferCopyRect(req, nullptr));
+  auto back = Read(2, 0, 24);
+  ASSERT_OK(back.status());
+  for (size_t y = 0; y < 3; ++y)
+    for (size_t x = 0; x < 8; ++x) EXPECT_EQ(back.value()[y * 8 + x], x < 4 ? (y + 1) * 16 + 2 + x : 0) << y << "," << x;
+  // Absolute addressing: the origin's first value is the address.
+  ir::BufferCopyRectReq abs{0, 0, 0, {kBase, 0, 0}, {kBase + g + 64, 0, 0}, {2, 2, 2}, {16, 64, 2, 4}, {}, 0};
+  ASSERT_OK(b_->OnBufferCopyRect(abs, nullptr));
+  back = Read(2, 64, 8);
+  ASSERT_OK(back.status());
+  EXPECT_EQ(back.value(), (ir::bytes{0, 1, 16, 17, 64, 65, 80, 81}));
+  // A region past the end of the source.
+  req.region = {4, 300, 1};
+  EXPECT_EQ(b_->OnBufferCopyRect(req, nullptr).code(), Code::kInvalidArgument);
+  req.region = {4, 3};
+  EXPECT_EQ(b_->OnBufferCopyRect(req, nullptr).code(), Code::kInvalidArgument);
+}
+
+TEST_F(CudaBackendTest, BulkTransfersThroughStaging) {
+  const uint64_t g = Reserve();
+  const size_t size = (10u << 20) + 123;
+  ASSERT_OK(Alloc(1, kBase, size));
+  std::vector<uint8_t> host(size), back(size, 0);
+  for (size_t i = 0; i < size; ++i) host[i] = static_cast<uint8_t>((i * 2654435761u) >> 13);
+  ir::BufferWriteReq w;
+  w.buffer = 1;
+  w.size = size;
+  w.remote = ir::Region{reinterpret_cast<uint64_t>(host.data()), size, 1};
+  ASSERT_OK(b_->OnBufferWrite(w, nullptr));
+  ir::BufferReadReq r;
+  r.buffer = 1;
+  r.size = size;
+  r.remote = ir::Region{reinterpret_cast<uint64_t>(back.data()), size, 1};
+  ir::BufferReadRep rep;
+  ASSERT_OK(b_->OnBufferRead(r, &rep));
+  EXPECT_TRUE(rep.data.empty());
+  EXPECT_TRUE(host == back);
+  // A region smaller than the transfer is refused.
+  w.remote.len = size - 1;
+  EXPECT_EQ(b_->OnBufferWrite(w, nullptr).code(), Code::kInvalidArgument);
+  (void)g;
+}
+
+TEST_F(CudaBackendTest, ModuleFollowsPointerInDeviceMemory) {
+  REQUIRE_MODULES();
+  const uint64_t g = Reserve();
+  ASSERT_OK(LoadModule(1, kFatbin));
+  ASSERT_OK(b_->OnModuleBuild({1, ""}, nullptr));
+  auto follow = GetFunction(10, 1, "follow");
+  ASSERT_OK(follow.status());
+  ASSERT_EQ(follow->num_params, 3u);
+  EXPECT_EQ(follow->params[0].size, 8u);
+  EXPECT_EQ(follow->params[1].size, 8u);
+  EXPECT_EQ(follow->params[1].offset, 8u);
+  EXPECT_EQ(follow->params[2].size, 4u);
+  EXPECT_GT(follow->max_block, 0u);
+  EXPECT_EQ(follow->preferred_multiple, 32u);
+  ASSERT_NE(FindProp(follow->attrs, ir::kCudaFuncAttrBase + kFuncMaxThreads), nullptr);
+
+  // values at kBase, a table of pointers to them at kBase + g, results at kBase + 2g.
+  const int n = 64;
+  ASSERT_OK(Alloc(1, kBase, n * 4));
+  ASSERT_OK(Alloc(2, kBase + g, n * 8));
+  ASSERT_OK(Alloc(3, kBase + 2 * g, n * 4));
+  std::vector<int32_t> values(n);
+  std::vector<uint64_t> table(n);
+  for (int i = 0; i < n; ++i) {
+    values[i] = i * 10;
+    table[i] = kBase + 4 * static_cast<uint64_t>(n - 1 - i);  // reversed
+  }
+  ASSERT_OK(Write(1, 0, ir::bytes(reinterpret_cast<uint8_t*>(values.data()), reinterpret_cast<uint8_t*>(values.data() + n))));
+  ASSERT_OK(Write(2, 0, ir::bytes(reinterpret_cast<uint8_t*>(table.data()), reinterpret_cast<uint8_t*>(table.data() + n))));
+  ASSERT_OK(Launch(10, 2, 32, {Bytes(kBase + g), Bytes(kBase + 2 * g), Bytes(n)}));
+  auto out = Read(3, 0, n * 4);
+  ASSERT_OK(out.status());
+  for (int i = 0; i < n; ++i) {
+    int32_t v;
+    std::memcpy(&v, out->data() + 4 * i, 4);
+    EXPECT_EQ(v, (n - 1 - i) * 10 + 1) << i;
+  }
+
+  // The mangled C++ kernel, on a stream of its own.
+  ASSERT_OK(b_->OnStreamCreate({5, 0, ir::kStreamNonBlocking, -1}, nullptr));
+  auto scale = GetFunction(11, 1, "_Z5scalePffi");
+  ASSERT_OK(scale.status());
+  ASSERT_OK(Launch(11, 1, 64, {Bytes(kBase), Bytes(2.0f), Bytes(n)}, 5));  // the ints, as floats: 0 stays 0
+  ASSERT_OK(b_->OnStreamSync({5}, nullptr));
+  ASSERT_OK(b_->OnStreamDestroy({5}, nullptr));
+}
+
+TEST_F(CudaBackendTest, ParamInfoAndLaunchValidation) {
+  REQUIRE_MODULES();
+  ASSERT_OK(LoadModule(1, kFatbin));
+  auto shapes = GetFunction(10, 1, "shapes");
+  ASSERT_OK(shapes.status());
+  ASSERT_EQ(shapes->num_params, 5u);
+  const uint32_t sizes[] = {1, 8, 16, 40, 8};
+  const uint32_t offsets[] = {0, 8, 16, 32, 72};
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(shapes->params[i].size, sizes[i]) << i;
+    EXPECT_EQ(shapes->params[i].offset, offsets[i]) << i;
+    EXPECT_EQ(shapes->params[i].kind, static_cast<uint32_t>(ir::ParamKind::kValue));
+  }
+  // Unknown kernel: the driver's own code.
+  auto missing = GetFunction(11, 1, "no_such_kernel");
+  EXPECT_EQ(missing.status().code(), Code::kApiError);
+  EXPECT_EQ(missing.status().api(), Api::kCuda);
+  EXPECT_EQ(missing.status().native(), kCudaErrorNotFound);
+  EXPECT_EQ(GetFunction(11, 99, "shapes").status().code(), Code::kUnknownHandle);
+  EXPECT_EQ(GetFunction(10, 1, "shapes").status().code(), Code::kInvalidArgument);  // handle in use
+
+  auto hello = GetFunction(12, 1, "hello");
+  ASSERT_OK(hello.status());
+  EXPECT_EQ(Launch(12, 1, 1, {}).code(), Code::kInvalidArgument);                           // too few
+  EXPECT_EQ(Launch(12, 1, 1, {Bytes(int64_t{1})}).code(), Code::kInvalidArgument);          // wrong size
+  EXPECT_EQ(Launch(12, 1, 1, {Bytes(1), Bytes(2)}).code(), Code::kInvalidArgument);         // too many
+  EXPECT_EQ(Launch(99, 1, 1, {Bytes(1)}).code(), Code::kUnknownHandle);
+  EXPECT_EQ(Launch(12, 1, 1, {Bytes(1)}, 1234).code(), Code::kUnknownHandle);               // stream
+  EXPECT_EQ(Launch(12, 1, 1, {Bytes(1)}, 0, {555}).code(), Code::kUnknownHandle);           // event
+  EXPECT_EQ(Launch(12, 1ull << 33, 1, {Bytes(1)}).code(), Code::kInvalidArgument);
+  ir::LaunchReq dims;
+  dims.function = 12;
+  dims.dims = 4;
+  dims.grid = dims.block = {1, 1, 1, 1};
+  EXPECT_EQ(b_->OnLaunch(dims, nullptr).code(), Code::kInvalidArgument);
+  dims.dims = 2;
+  EXPECT_EQ(b_->OnLaunch(dims, nullptr).code(), Code::kInvalidArgument);
+  // A block larger than the device allows: the driver's error, as the native code.
+  Status big = Launch(12, 1, 4096, {Bytes(1)});
+  EXPECT_EQ(big.code(), Code::kApiError) << big.ToString();
+  EXPECT_NE(big.message().find("cuLaunchKernel"), std::string::npos);
+
+  ASSERT_OK(b_->OnFunctionSetAttr({12, kFuncMaxDynamicShared, 1024}, nullptr));
+  EXPECT_EQ(b_->OnFunctionSetAttr({12, 9999, 1}, nullptr).code(), Code::kInvalidArgument);
+  ir::OccupancyRep occ;
+  ASSERT_OK(b_->OnOccupancy({12, 128, 0}, &occ));
+  EXPECT_GT(occ.blocks, 0u);
+  // Functions outlive their module only as handles to free.
+  ASSERT_OK(b_->OnModuleFree({1}, nullptr));
+  EXPECT_EQ(Launch(12, 1, 1, {Bytes(1)}).code(), Code::kUnknownHandle);
+  ASSERT_OK(b_->OnFunctionFree({12}, nullptr));
+  EXPECT_EQ(b_->OnFunctionFree({12}, nullptr).code(), Code::kUnknownHandle);
+  // Images that are not CUDA images.
+  EXPECT_EQ(b_->OnModuleLoad({2, 0, static_cast<uint32_t>(ir::ModuleKind::kCudaImage), ir::bytes(64, 0x55)}, nullptr).code(),
+            Code::kInvalidArgument);
+  ir::bytes truncated = *ReadFile(kFatbin);
+  truncated.resize(truncated.size() / 2);
+  EXPECT_EQ(b_->OnModuleLoad({2, 0, static_cast<uint32_t>(ir::ModuleKind::kCudaImage), truncated}, nullptr).code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(b_->OnModuleLoad({2, 0, static_cast<uint32_t>(ir::ModuleKind::kOpenCLSource), *ReadFile(kFatbin)}, nullptr).code(),
+            Code::kInvalidArgument);
+}
+
+TEST_F(CudaBackendTest, ModuleGlobalIsAddressable) {
+  REQUIRE_MODULES();
+  ASSERT_OK(LoadModule(1, kFatbin));
+  ir::ModuleGlobalRep global;
+  ASSERT_OK(b_->OnModuleGlobal({1, "counter"}, &global));
+  EXPECT_EQ(global.size, 4u);
+  ASSERT_OK(Write(0, global.address, Bytes(int32_t{5})));
+  ASSERT_OK(GetFunction(10, 1, "bump").status());
+  ASSERT_OK(Launch(10, 4, 32, {Bytes(int32_t{2})}));
+  auto v = Read(0, global.address, 4);
+  ASSERT_OK(v.status());
+  int32_t counter = 0;
+  std::memcpy(&counter, v->data(), 4);
+  EXPECT_EQ(counter, 5 + 4 * 32 * 2);
+  EXPECT_EQ(Read(0, global.address + 2, 4).status().code(), Code::kInvalidArgument);
+  Status missing = b_->OnModuleGlobal({1, "no_such_symbol"}, &global);
+  EXPECT_EQ(missing.native(), kCudaErrorNotFound) << missing.ToString();
+  ASSERT_OK(b_->OnModuleFree({1}, nullptr));
+  EXPECT_EQ(Read(0, global.address, 4).status().code(), Code::kInvalidArgument);
+}
+
+TEST_F(CudaBackendTest, EventsStreamsAndElapsedTime) {
+  REQUIRE_MODULES();
+  ASSERT_OK(LoadModule(1, kFatbin));
+  ASSERT_OK(GetFunction(10, 1, "spin").status());
+  ASSERT_OK(b_->OnStreamCreate({5, 0, 0, 0}, nullptr));
+  ASSERT_OK(b_->OnEventCreate({20, 0, ir::kEventTiming}, nullptr));
+  ASSERT_OK(b_->OnEventCreate({21, 0, ir::kEventTiming | ir::kEventBlockingSync}, nullptr));
+  ASSERT_OK(b_->OnEventCreate({22, 0, 0}, nullptr));
+  ASSERT_OK(b_->OnMarker({5, 0, {}, 20}, nullptr));
+  ASSERT_OK(Launch(10, 1, 1, {Bytes(int64_t{20'000'000})}, 5));
+  ASSERT_OK(b_->OnMarker({5, 1, {}, 21}, nullptr));
+  // The default stream waits for stream 5's end, then signals 22.
+  ASSERT_OK(b_->OnMarker({0, 0, {21}, 22}, nullptr));
+  ir::EventWaitRep waited;
+  ASSERT_OK(b_->OnEventWait({{22, 21}}, &waited));
+  EXPECT_EQ(waited.statuses, (ir::i32s{0, 0}));
+  ir::EventQueryRep q;
+  ASSERT_OK(b_->OnEventQuery({21}, &q));
+  EXPECT_EQ(q.status, ir::kEventComplete);
+  ir::EventElapsedRep el;
+  ASSERT_OK(b_->OnEventElapsed({20, 21}, &el));
+  EXPECT_GT(el.ms, 0.5);
+  // Events without timing cannot be timed; unknown ones are unknown.
+  EXPECT_EQ(b_->OnEventElapsed({20, 22}, &el).code(), Code::kApiError);
+  EXPECT_EQ(b_->OnEventElapsed({20, 99}, &el).code(), Code::kUnknownHandle);
+  EXPECT_EQ(b_->OnEventCreate({20, 0, 0}, nullptr).code(), Code::kInvalidArgument);
+  EXPECT_EQ(b_->OnEventCreate({23, 0, 0x100}, nullptr).code(), Code::kInvalidArgument);
+  EXPECT_EQ(b_->OnStreamCreate({6, 0, ir::kStreamOutOfOrder, 0}, nullptr).code(), Code::kInvalidArgument);
+  // Re-recording an event is allowed.
+  ASSERT_OK(b_->OnMarker({5, 0, {}, 20}, nullptr));
+  ASSERT_OK(b_->OnStreamSync({5}, nullptr));
+  ASSERT_OK(b_->OnStreamSync({0}, nullptr));
+  ASSERT_OK(b_->OnEventDestroy({22}, nullptr));
+  EXPECT_EQ(b_->OnEventQuery({22}, &q).code(), Code::kUnknownHandle);
+  ASSERT_OK(b_->OnStreamDestroy({5}, nullptr));
+  EXPECT_EQ(b_->OnStreamSync({5}, nullptr).code(), Code::kUnknownHandle);
+}
+
+TEST_F(CudaBackendTest, UserEventHoldsStream) {
+  REQUIRE_MODULES();
+  ASSERT_OK(LoadModule(1, kFatbin));
+  ASSERT_OK(GetFunction(10, 1, "bump").status());
+  ir::ModuleGlobalRep global;
+  ASSERT_OK(b_->OnModuleGlobal({1, "counter"}, &global));
+  ASSERT_OK(Write(0, global.address, Bytes(int32_t{0})));
+  ASSERT_OK(b_->OnStreamCreate({5, 0, ir::kStreamNonBlocking, 0}, nullptr));
+  ASSERT_OK(b_->OnEventCreate({30, 0, ir::kEventUser}, nullptr));
+  ASSERT_OK(b_->OnEventCreate({31, 0, 0}, nullptr));
+  ASSERT_OK(Launch(10, 1, 1, {Bytes(int32_t{1})}, 5, {30}, 31));
+  ir::EventQueryRep q;
+  ASSERT_OK(b_->OnEventQuery({30}, &q));
+  EXPECT_EQ(q.status, ir::kEventSubmitted);
+  ASSERT_OK(b_->OnEventQuery({31}, &q));
+  EXPECT_EQ(q.status, ir::kEventRunning);  // held behind the user event
+  ir::EventWaitRep w;
+  EXPECT_EQ(b_->OnEventWait({{30}}, &w).code(), Code::kInvalidArgument);  // would never end
+  EXPECT_EQ(b_->OnMarker({5, 0, {}, 30}, nullptr).code(), Code::kInvalidArgument);
+  ASSERT_OK(b_->OnUserEventSet({30, 0}, nullptr));
+  EXPECT_EQ(b_->OnUserEventSet({30, 0}, nullptr).code(), Code::kInvalidArgument);
+  EXPECT_EQ(b_->OnUserEventSet({31, 0}, nullptr).code(), Code::kInvalidArgument);
+  ASSERT_OK(b_->OnStreamSync({5}, nullptr));
+  ASSERT_OK(b_->OnEventQuery({31}, &q));
+  EXPECT_EQ(q.status, ir::kEventComplete);
+  auto v = Read(0, global.address, 4);
+  ASSERT_OK(v.status());
+  EXPECT_EQ((*v)[0], 1);
+  // A stream still held by an unset user event when the session ends must not hang it.
+  ASSERT_OK(b_->OnEventCreate({32, 0, ir::kEventUser}, nullptr));
+  ASSERT_OK(Launch(10, 1, 1, {Bytes(int32_t{1})}, 5, {32}));
+}
+
+TEST_F(CudaBackendTest, PrintfReachesTakeOutput) {
+  REQUIRE_MODULES();
+  ASSERT_OK(LoadModule(1, kFatbin));
+  ASSERT_OK(GetFunction(10, 1, "hello").status());
+  ASSERT_OK(Launch(10, 1, 32, {Bytes(int32_t{42})}));
+  ASSERT_OK(Sync());
+  std::string text;
+  for (const auto& [fd, chunk] : b_->TakeOutput()) {
+    EXPECT_EQ(fd, 1u);
+    text += chunk;
+  }
+  EXPECT_NE(text.find("hello from the device 42"), std::string::npos) << "captured: '" << text << "'";
+  EXPECT_TRUE(b_->TakeOutput().empty());
+}
+
+TEST_F(CudaBackendTest, DynamicParallelismImageLoads) {
+  REQUIRE_MODULES();
+  const uint64_t g = Reserve();
+  ASSERT_OK(LoadModule(1, kDynamicFatbin));
+  ASSERT_OK(GetFunction(10, 1, "parent").status());
+  ASSERT_OK(Alloc(1, kBase, 32));
+  ASSERT_OK(Launch(10, 1, 1, {Bytes(kBase)}));
+  auto v = Read(1, 0, 32);
+  ASSERT_OK(v.status());
+  for (int i = 0; i < 8; ++i) {
+    int32_t x;
+    std::memcpy(&x, v->data() + 4 * i, 4);
+    EXPECT_EQ(x, 100 + i);
+  }
+  (void)g;
+}
+
+TEST_F(CudaBackendTest, StickyErrorUntilDeviceReset) {
+  REQUIRE_MODULES();
+  const uint64_t g = Reserve();
+  ASSERT_OK(LoadModule(1, kFatbin));
+  ASSERT_OK(GetFunction(10, 1, "fault").status());
+  ASSERT_OK(Alloc(2, kBase + g, 64));
+  ASSERT_OK(Launch(10, 1, 1, {Bytes(uint64_t{0x10})}));
+  Status st = Sync();
+  EXPECT_EQ(st.code(), Code::kApiError);
+  EXPECT_EQ(st.native(), kCudaErrorIllegalAddress) << st.ToString();
+  // Every later command on the device reports it.
+  ir::MemInfoRep mem;
+  Status later = b_->OnMemInfo({0}, &mem);
+  EXPECT_EQ(later.native(), kCudaErrorIllegalAddress) << later.ToString();
+  EXPECT_EQ(Alloc(1, kBase, 64).native(), kCudaErrorIllegalAddress);
+  // DeviceReset frees everything and keeps the client's range reserved.
+  ASSERT_OK(b_->OnDeviceReset({0}, nullptr));
+  ASSERT_OK(b_->OnMemInfo({0}, &mem));
+  EXPECT_EQ(b_->OnModuleFree({1}, nullptr).code(), Code::kUnknownHandle);
+  ASSERT_OK(Alloc(1, kBase, 64));
+  ASSERT_OK(Alloc(2, kBase + g, 64));  // mapped before the reset: the address is free again
+  ASSERT_OK(Write(1, 0, ir::bytes{9, 8, 7}));
+  auto v = Read(1, 0, 3);
+  ASSERT_OK(v.status());
+  EXPECT_EQ(v.value(), (ir::bytes{9, 8, 7}));
+  ir::AddressReserveRep rep;
+  ASSERT_OK(b_->OnAddressReserve({0, kBase, kRange}, &rep));
+  EXPECT_EQ(rep.granularity, g);
+}
+
+}  // namespace
+}  // namespace tandem::server
