@@ -1,0 +1,220 @@
+// Internal state of the CUDA front end, shared by the files of each API family.
+//
+// Locking: one mutex (Frontend::mu) guards every shared table below. It is held for
+// bookkeeping and for the few one-time round trips (device set-up, module and function
+// loading, symbol lookup), and released before anything that waits on the GPU (syncs,
+// reads back). Reply callbacks run on the runtime's receiver thread and never take it.
+// The current device, the last error and the launch configuration stack are per thread.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <xxhash.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "range_allocator.h"
+#include "tandem/client/runtime.h"
+#include "tandem/log.h"
+
+#define TANDEM_API extern "C" __attribute__((visibility("default")))
+
+#define TANDEM_RETURN_CUDA_IF_ERROR(expr)          \
+  do {                                             \
+    if (cudaError_t _e = (expr); _e != cudaSuccess) \
+      return _e;                                   \
+  } while (0)
+
+namespace tandem::cuda {
+
+// ---- errors (errors.cc) -------------------------------------------------------------------
+// Records `e` as the calling thread's last error (unless it is cudaSuccess) and returns it.
+cudaError_t Return(cudaError_t e);
+// A failure of the remote side, translated at the API edge (CUresult codes for API errors).
+cudaError_t ToCuda(const Status& st);
+cudaError_t FromCuResult(int32_t cu);
+// Errors that leave the device unusable until cudaDeviceReset (CUDA's "sticky" errors).
+bool IsSticky(cudaError_t e);
+// cudaErrorNotSupported, logged once per entry point.
+cudaError_t Unsupported(const char* name);
+
+// ---- registration (registration.cc) -------------------------------------------------------
+struct FatBinary {
+  const void* image = nullptr;  // the fatbinary as nvcc embedded it, header included
+  size_t size = 0;
+  bool valid = false;           // magic numbers checked at registration
+  bool hashed = false;
+  XXH128_hash_t hash{};         // content hash: one ModuleLoad per image per device
+};
+
+struct Kernel {
+  FatBinary* fatbin = nullptr;
+  const void* host_fun = nullptr;
+  std::string name;             // the mangled device name
+  std::map<uint32_t, int32_t> attrs;  // cudaFuncSetAttribute values, applied on every device
+};
+
+struct Symbol {
+  FatBinary* fatbin = nullptr;
+  const void* host_var = nullptr;
+  std::string name;
+  size_t size = 0;
+};
+
+// ---- per device (context.cc) ----------------------------------------------------------------
+struct Function {
+  uint64_t handle = 0;
+  ir::FunctionInfo info;
+  int32_t Attr(uint32_t cu_attr, int32_t fallback) const;
+};
+
+struct Allocation {
+  uint64_t handle = 0;  // BufferAlloc handle
+  uint64_t size = 0;
+  bool chunk = false;   // a chunk that small allocations are carved from
+  std::unique_ptr<RangeAllocator> carve;  // chunks only
+};
+
+struct DeviceContext {
+  int index = 0;
+  client::Device* dev = nullptr;
+  bool ready = false;             // address range reserved on both sides
+  cudaError_t unusable = cudaSuccess;
+  uint64_t va_base = 0, va_size = 0, granularity = 0;
+  std::unique_ptr<RangeAllocator> va;         // the device's address range
+  std::map<uint64_t, Allocation> allocations; // by address: large allocations and chunks
+  std::map<uint64_t, std::pair<uint64_t, uint64_t>> small;  // address -> (chunk, size)
+  uint64_t allocated = 0;                     // bytes of address range in use
+  std::map<std::pair<uint64_t, uint64_t>, uint64_t> modules;  // image hash -> module handle
+  std::map<const Kernel*, Function> functions;
+  std::map<const Symbol*, std::pair<uint64_t, uint64_t>> globals;  // -> (address, size)
+  cudaError_t sticky = cudaSuccess;
+  unsigned flags = 0;             // cudaSetDeviceFlags
+  int32_t Attr(int attr, int32_t fallback = 0) const;
+  client::Session& session() const { return *dev->session; }
+  uint64_t remote() const { return dev->remote_index; }
+};
+
+// A host region the program pinned (cudaMallocHost, cudaHostAlloc, cudaHostRegister): its
+// registrations with each session, made once and reused by every copy from or to it.
+struct HostRegion {
+  void* base = nullptr;
+  size_t size = 0;
+  bool owned = false;  // allocated by us (cudaMallocHost / cudaHostAlloc)
+  unsigned flags = 0;
+  std::map<client::Session*, std::shared_ptr<fabric::MemoryRegion>> mr;
+};
+
+class CallbackQueue;  // stream_event.cc
+
+struct Stream {
+  ~Stream();  // lets queued host callbacks finish, then ends their thread
+  uint64_t handle = 0;
+  int device = 0;
+  unsigned flags = 0;
+  int priority = 0;
+  std::shared_ptr<CallbackQueue> callbacks;  // created by the first host callback
+};
+
+struct Event {
+  uint64_t handle = 0;
+  int device = 0;
+  unsigned flags = 0;
+  bool recorded = false;  // an event never recorded is complete, as in CUDA
+};
+
+class Frontend {
+ public:
+  static Frontend& Get();
+
+  std::mutex mu;
+
+  // Registration tables (filled by static constructors, before main).
+  std::vector<std::unique_ptr<FatBinary>> fatbins;
+  std::map<const void*, std::unique_ptr<Kernel>> kernels;  // by host stub address
+  std::set<const Kernel*> kernel_set;                      // valid cudaKernel_t values
+  std::map<const void*, std::unique_ptr<Symbol>> symbols;  // by host shadow variable
+  std::atomic<bool> exiting{false};
+
+  // Devices, connected on first use (never from a static constructor).
+  // Returns nullptr and the reason if there are none.
+  cudaError_t Devices(std::vector<DeviceContext*>** out);
+  // The calling thread's current device, set up for use (address range reserved). Needs mu.
+  cudaError_t Current(DeviceContext** out);
+  cudaError_t Device(int index, DeviceContext** out);  // the same, for any index. Needs mu.
+  // The device if it was already set up, without connecting anywhere. Needs mu.
+  DeviceContext* Existing(int index) const;
+  // Every device known so far (empty before the first connection). Needs mu.
+  const std::vector<DeviceContext*>& known() const { return device_list_; }
+
+  // Pinned host memory, by base address.
+  std::map<uintptr_t, HostRegion> host_regions;
+  const HostRegion* FindHost(const void* p, size_t n) const;
+
+  // Streams and events: client objects whose addresses are the cudaStream_t / cudaEvent_t.
+  std::map<const void*, std::unique_ptr<Stream>> streams;
+  std::map<const void*, std::unique_ptr<Event>> events;
+
+  // Asynchronous reads into host memory that have not landed yet (cudaMemcpyAsync D2H);
+  // every sync point waits for them.
+  void BeginPending();
+  void EndPending(const Status& st);
+  cudaError_t WaitPending();
+
+ private:
+  cudaError_t Connect();
+  cudaError_t SetUp(DeviceContext& d);
+
+  bool connected_ = false;
+  cudaError_t connect_error_ = cudaSuccess;
+  std::vector<std::unique_ptr<DeviceContext>> devices_;
+  std::vector<DeviceContext*> device_list_;
+
+  std::mutex pending_mu_;
+  std::condition_variable pending_cv_;
+  int pending_ = 0;
+  Status pending_error_;
+};
+
+// The calling thread's current device index (cudaSetDevice).
+int& CurrentIndex();
+
+// Loads the kernel's image on the device and resolves the function (once per device). Needs mu.
+cudaError_t EnsureFunction(DeviceContext& d, const Kernel& k, const Function** out);
+// Updates the cached attribute (kCudaFuncAttrBase + CUfunction_attribute) of a function.
+void SetFunctionAttr(Function& fn, uint32_t cu_attr, int32_t value);
+// The device address and size of a __device__ / __constant__ symbol (once per device). Needs mu.
+cudaError_t EnsureSymbol(DeviceContext& d, const Symbol& s, uint64_t* address, uint64_t* size);
+// Collects the asynchronous errors the device's session reported; the first one is returned,
+// sticky ones stay on the device. Call at sync points, without mu.
+cudaError_t TakeAsyncErrors(DeviceContext& d);
+// Frees every remote module of a fat binary (cudaUnregisterFatBinary, best effort). Needs mu.
+void ForgetFatBinary(const FatBinary* fb);
+
+// Kernel lookup for launches: by host stub (cudaLaunchKernel) or by cudaKernel_t. Needs mu.
+const Kernel* FindKernel(const void* host_fun_or_kernel);
+
+// Where a pointer lives: on which device, and inside which allocation or symbol. Needs mu.
+struct DevicePtr {
+  DeviceContext* device = nullptr;
+  uint64_t address = 0;
+  uint64_t room = 0;  // bytes from address to the end of its allocation or symbol
+};
+std::optional<DevicePtr> FindDevicePtr(const void* p);
+
+// Stream handle as the IR knows it (0: the device's default stream) and its device.
+struct StreamRef {
+  uint64_t handle = 0;
+  int device = -1;  // -1: the default stream of whichever device the command is for
+};
+cudaError_t ResolveStream(cudaStream_t s, StreamRef* out);  // Needs mu.
+
+}  // namespace tandem::cuda

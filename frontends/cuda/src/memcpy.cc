@@ -1,0 +1,327 @@
+// Copies and fills by kind: every device pointer is an absolute address (IR buffer 0), so a
+// copy needs no lookup on the server. The client checks each range against its own
+// allocations first, as CUDA does, and tells host from device by address for
+// cudaMemcpyDefault. Pinned host memory travels by RMA with its cached registration.
+#include <cstring>
+
+#include "frontend.h"
+
+namespace tandem::cuda {
+namespace {
+
+// Everything a transfer needs once the front end's lock is released.
+struct Target {
+  client::Session* session = nullptr;
+  DeviceContext* device = nullptr;
+  uint64_t stream = 0;
+};
+
+// The registration of pinned memory with a session, made on first use and kept.
+std::shared_ptr<fabric::MemoryRegion> Registration(const void* p, size_t n, client::Session& s) {
+  Frontend& f = Frontend::Get();
+  auto* r = const_cast<HostRegion*>(f.FindHost(p, n));
+  if (!r || !s.rma() || n <= ir::kInlineDataLimit) return nullptr;
+  auto& mr = r->mr[&s];
+  if (!mr) {
+    auto reg = s.Register(r->base, r->size, fabric::kRemoteRead | fabric::kRemoteWrite);
+    if (!reg.ok()) {
+      log::Warn("cannot register pinned memory ({} bytes): {}; copies go unpinned", r->size, reg.status().message());
+      return nullptr;
+    }
+    mr = std::move(reg).value();
+  }
+  return mr;
+}
+
+ir::Region RegionOf(const fabric::MemoryRegion& mr, const void* p, size_t n) {
+  const uint64_t offset = static_cast<uint64_t>(static_cast<const uint8_t*>(p) - static_cast<const uint8_t*>(mr.base()));
+  return ir::Region{.addr = mr.remote_addr() + offset, .len = n, .key = mr.key()};
+}
+
+// A one-shot completion for a transfer the caller waits on.
+struct Done {
+  std::mutex m;
+  std::condition_variable cv;
+  bool done = false;
+  Status status;
+  void Set(const Status& st) {
+    std::lock_guard<std::mutex> l(m);
+    status = st;
+    done = true;
+    cv.notify_all();
+  }
+  Status Wait() {
+    std::unique_lock<std::mutex> l(m);
+    cv.wait(l, [&] { return done; });
+    return status;
+  }
+};
+
+// Host -> device. Synchronous copies return once the source may be reused; asynchronous ones
+// from pageable memory are staged first; from pinned memory they read it in place, later.
+cudaError_t Write(const Target& t, uint64_t address, const void* src, size_t n, bool async,
+                  std::shared_ptr<fabric::MemoryRegion> pinned) {
+  Frontend& f = Frontend::Get();
+  ir::BufferWriteReq req{.stream = t.stream, .buffer = 0, .offset = address, .size = n};
+  if (pinned) {
+    req.remote = RegionOf(*pinned, src, n);
+    auto done = async ? nullptr : std::make_shared<Done>();
+    if (async) f.BeginPending();
+    t.session->Post(req, [pinned, done](const Status& st, ir::BufferWriteRep&&) {
+      if (done) done->Set(st);
+      else Frontend::Get().EndPending(st);
+    });
+    if (async) return ToCuda(t.session->Flush());
+    t.session->Flush();
+    return ToCuda(done->Wait());
+  }
+  if (!async) return ToCuda(client::WriteBuffer(*t.session, req, src, true));
+  auto staged = std::make_shared<std::vector<uint8_t>>(static_cast<const uint8_t*>(src),
+                                                       static_cast<const uint8_t*>(src) + n);
+  f.BeginPending();
+  Status st = client::WriteBuffer(*t.session, req, staged->data(), false,
+                                  [staged](const Status& s) { Frontend::Get().EndPending(s); });
+  return ToCuda(st);
+}
+
+// Device -> host. Asynchronous reads land before the next sync point returns.
+cudaError_t Read(const Target& t, uint64_t address, void* dst, size_t n, bool async,
+                 std::shared_ptr<fabric::MemoryRegion> pinned) {
+  Frontend& f = Frontend::Get();
+  ir::BufferReadReq req{.stream = t.stream, .buffer = 0, .offset = address, .size = n};
+  if (pinned) {
+    req.remote = RegionOf(*pinned, dst, n);
+    auto done = async ? nullptr : std::make_shared<Done>();
+    if (async) f.BeginPending();
+    t.session->Post(req, [pinned, done](const Status& st, ir::BufferReadRep&&) {
+      if (done) done->Set(st);
+      else Frontend::Get().EndPending(st);
+    });
+    t.session->Flush();
+    return async ? cudaSuccess : ToCuda(done->Wait());
+  }
+  if (!async) return ToCuda(client::ReadBuffer(*t.session, req, dst, true));
+  f.BeginPending();
+  return ToCuda(client::ReadBuffer(*t.session, req, dst, false, [](const Status& s) { Frontend::Get().EndPending(s); }));
+}
+
+struct Side {
+  bool device = false;
+  DevicePtr ptr;
+};
+
+// Which side a pointer is on for a copy of `kind`: explicit kinds must match the pointer.
+cudaError_t Classify(const void* p, size_t n, bool want_device, bool by_address, Side* out) {
+  std::optional<DevicePtr> dp = FindDevicePtr(p);
+  out->device = by_address ? dp.has_value() : want_device;
+  if (!out->device) return dp && !by_address ? cudaErrorInvalidValue : cudaSuccess;
+  if (!dp || dp->room < n) return cudaErrorInvalidValue;
+  out->ptr = *dp;
+  return cudaSuccess;
+}
+
+cudaError_t Copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cudaStream_t stream, bool async) {
+  if (kind < cudaMemcpyHostToHost || kind > cudaMemcpyDefault) return cudaErrorInvalidMemcpyDirection;
+  if (n == 0) return cudaSuccess;
+  if (!dst || !src) return cudaErrorInvalidValue;
+  Frontend& f = Frontend::Get();
+  std::unique_lock<std::mutex> lock(f.mu);
+  const bool by_address = kind == cudaMemcpyDefault;
+  Side d, s;
+  TANDEM_RETURN_CUDA_IF_ERROR(Classify(dst, n, kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice,
+                                       by_address, &d));
+  TANDEM_RETURN_CUDA_IF_ERROR(Classify(src, n, kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice,
+                                       by_address, &s));
+  if (!d.device && !s.device) {
+    lock.unlock();
+    std::memmove(dst, src, n);
+    return cudaSuccess;
+  }
+  StreamRef sr;
+  TANDEM_RETURN_CUDA_IF_ERROR(ResolveStream(stream, &sr));
+  DeviceContext* dev = d.device ? d.ptr.device : s.ptr.device;
+  if (dev->sticky != cudaSuccess) return dev->sticky;
+  // A stream of another device cannot order this copy; its device's default stream does.
+  Target t{.session = &dev->session(), .device = dev, .stream = sr.device == dev->index ? sr.handle : 0};
+  if (d.device && s.device) {
+    if (d.ptr.device == s.ptr.device) {
+      t.session->Post(ir::BufferCopyReq{.stream = t.stream, .src = 0, .src_offset = s.ptr.address, .dst = 0,
+                                        .dst_offset = d.ptr.address, .size = n});
+      return cudaSuccess;
+    }
+    // Between devices (possibly of different servers): staged through the client.
+    Target from{.session = &s.ptr.device->session(), .device = s.ptr.device, .stream = 0};
+    lock.unlock();
+    std::vector<uint8_t> staging(n);
+    TANDEM_RETURN_CUDA_IF_ERROR(Read(from, s.ptr.address, staging.data(), n, false, nullptr));
+    return Write(t, d.ptr.address, staging.data(), n, false, nullptr);
+  }
+  if (d.device) {
+    auto pinned = Registration(src, n, *t.session);
+    lock.unlock();
+    return Write(t, d.ptr.address, src, n, async, std::move(pinned));
+  }
+  auto pinned = Registration(dst, n, *t.session);
+  lock.unlock();
+  TANDEM_RETURN_CUDA_IF_ERROR(Read(t, s.ptr.address, dst, n, async, std::move(pinned)));
+  // A synchronous read back is a sync point: earlier kernels' failures surface here.
+  return async ? cudaSuccess : TakeAsyncErrors(*dev);
+}
+
+// Row by row, except device-to-device copies (one rectangular copy on the server).
+cudaError_t Copy2D(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
+                   cudaMemcpyKind kind, cudaStream_t stream, bool async) {
+  if (width > dpitch || width > spitch) return cudaErrorInvalidPitchValue;
+  if (width == 0 || height == 0) return cudaSuccess;
+  if (dpitch == width && spitch == width) return Copy(dst, src, width * height, kind, stream, async);
+  Frontend& f = Frontend::Get();
+  {
+    std::lock_guard<std::mutex> lock(f.mu);
+    std::optional<DevicePtr> d = FindDevicePtr(dst), s = FindDevicePtr(src);
+    const size_t dspan = dpitch * (height - 1) + width, sspan = spitch * (height - 1) + width;
+    const bool d2d = kind == cudaMemcpyDeviceToDevice || (kind == cudaMemcpyDefault && d && s);
+    if (d2d && d && s && d->device == s->device && d->room >= dspan && s->room >= sspan) {
+      StreamRef sr;
+      TANDEM_RETURN_CUDA_IF_ERROR(ResolveStream(stream, &sr));
+      d->device->session().Post(ir::BufferCopyRectReq{
+          .stream = sr.device == d->device->index ? sr.handle : 0,
+          .src = 0,
+          .dst = 0,
+          .src_origin = {s->address, 0, 0},
+          .dst_origin = {d->address, 0, 0},
+          .region = {width, height, 1},
+          .pitches = {spitch, spitch * height, dpitch, dpitch * height}});
+      return cudaSuccess;
+    }
+  }
+  for (size_t row = 0; row < height; ++row) {
+    TANDEM_RETURN_CUDA_IF_ERROR(Copy(static_cast<uint8_t*>(dst) + row * dpitch,
+                                     static_cast<const uint8_t*>(src) + row * spitch, width, kind, stream, true));
+  }
+  if (async) return cudaSuccess;
+  return f.WaitPending();
+}
+
+cudaError_t Fill(void* ptr, int value, size_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  Frontend& f = Frontend::Get();
+  std::lock_guard<std::mutex> lock(f.mu);
+  std::optional<DevicePtr> dp = FindDevicePtr(ptr);
+  if (!dp || dp->room < n) return cudaErrorInvalidValue;
+  StreamRef sr;
+  TANDEM_RETURN_CUDA_IF_ERROR(ResolveStream(stream, &sr));
+  if (dp->device->sticky != cudaSuccess) return dp->device->sticky;
+  dp->device->session().Post(ir::BufferFillReq{.stream = sr.device == dp->device->index ? sr.handle : 0,
+                                               .buffer = 0,
+                                               .offset = dp->address,
+                                               .size = n,
+                                               .pattern = {static_cast<uint8_t>(value)}});
+  return cudaSuccess;
+}
+
+// The device address of `symbol` + offset on the current device, checked against its size.
+cudaError_t SymbolAddress(const void* symbol, size_t count, size_t offset, void** out) {
+  Frontend& f = Frontend::Get();
+  std::lock_guard<std::mutex> lock(f.mu);
+  auto it = f.symbols.find(symbol);
+  if (it == f.symbols.end()) return cudaErrorInvalidSymbol;
+  DeviceContext* d = nullptr;
+  TANDEM_RETURN_CUDA_IF_ERROR(f.Current(&d));
+  uint64_t address = 0, size = 0;
+  TANDEM_RETURN_CUDA_IF_ERROR(EnsureSymbol(*d, *it->second, &address, &size));
+  if (offset > size || count > size - offset) return cudaErrorInvalidValue;
+  *out = reinterpret_cast<void*>(address + offset);
+  return cudaSuccess;
+}
+
+}  // namespace
+}  // namespace tandem::cuda
+
+using namespace tandem;
+using namespace tandem::cuda;
+
+TANDEM_API cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
+  return Return(Copy(dst, src, n, kind, nullptr, false));
+}
+
+TANDEM_API cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cudaStream_t stream) {
+  return Return(Copy(dst, src, n, kind, stream, true));
+}
+
+TANDEM_API cudaError_t cudaMemcpy2D(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
+                                    size_t height, cudaMemcpyKind kind) {
+  return Return(Copy2D(dst, dpitch, src, spitch, width, height, kind, nullptr, false));
+}
+
+TANDEM_API cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
+                                         size_t height, cudaMemcpyKind kind, cudaStream_t stream) {
+  return Return(Copy2D(dst, dpitch, src, spitch, width, height, kind, stream, true));
+}
+
+TANDEM_API cudaError_t cudaMemset(void* ptr, int value, size_t n) { return Return(Fill(ptr, value, n, nullptr)); }
+
+TANDEM_API cudaError_t cudaMemsetAsync(void* ptr, int value, size_t n, cudaStream_t stream) {
+  return Return(Fill(ptr, value, n, stream));
+}
+
+TANDEM_API cudaError_t cudaMemset2D(void* ptr, size_t pitch, int value, size_t width, size_t height) {
+  if (width > pitch) return Return(cudaErrorInvalidValue);
+  for (size_t row = 0; row < height; ++row)
+    TANDEM_RETURN_CUDA_IF_ERROR(Return(Fill(static_cast<uint8_t*>(ptr) + row * pitch, value, width, nullptr)));
+  return cudaSuccess;
+}
+
+TANDEM_API cudaError_t cudaMemcpyToSymbol(const void* symbol, const void* src, size_t count, size_t offset,
+                                          cudaMemcpyKind kind) {
+  if (kind != cudaMemcpyHostToDevice && kind != cudaMemcpyDeviceToDevice && kind != cudaMemcpyDefault)
+    return Return(cudaErrorInvalidMemcpyDirection);
+  void* dst = nullptr;
+  TANDEM_RETURN_CUDA_IF_ERROR(Return(SymbolAddress(symbol, count, offset, &dst)));
+  return Return(Copy(dst, src, count, kind, nullptr, false));
+}
+
+TANDEM_API cudaError_t cudaMemcpyFromSymbol(void* dst, const void* symbol, size_t count, size_t offset,
+                                            cudaMemcpyKind kind) {
+  if (kind != cudaMemcpyDeviceToHost && kind != cudaMemcpyDeviceToDevice && kind != cudaMemcpyDefault)
+    return Return(cudaErrorInvalidMemcpyDirection);
+  void* src = nullptr;
+  TANDEM_RETURN_CUDA_IF_ERROR(Return(SymbolAddress(symbol, count, offset, &src)));
+  return Return(Copy(dst, src, count, kind, nullptr, false));
+}
+
+TANDEM_API cudaError_t cudaMemcpyToSymbolAsync(const void* symbol, const void* src, size_t count, size_t offset,
+                                               cudaMemcpyKind kind, cudaStream_t stream) {
+  if (kind != cudaMemcpyHostToDevice && kind != cudaMemcpyDeviceToDevice && kind != cudaMemcpyDefault)
+    return Return(cudaErrorInvalidMemcpyDirection);
+  void* dst = nullptr;
+  TANDEM_RETURN_CUDA_IF_ERROR(Return(SymbolAddress(symbol, count, offset, &dst)));
+  return Return(Copy(dst, src, count, kind, stream, true));
+}
+
+TANDEM_API cudaError_t cudaMemcpyFromSymbolAsync(void* dst, const void* symbol, size_t count, size_t offset,
+                                                 cudaMemcpyKind kind, cudaStream_t stream) {
+  if (kind != cudaMemcpyDeviceToHost && kind != cudaMemcpyDeviceToDevice && kind != cudaMemcpyDefault)
+    return Return(cudaErrorInvalidMemcpyDirection);
+  void* src = nullptr;
+  TANDEM_RETURN_CUDA_IF_ERROR(Return(SymbolAddress(symbol, count, offset, &src)));
+  return Return(Copy(dst, src, count, kind, stream, true));
+}
+
+TANDEM_API cudaError_t cudaGetSymbolAddress(void** dev_ptr, const void* symbol) {
+  if (!dev_ptr) return Return(cudaErrorInvalidValue);
+  return Return(SymbolAddress(symbol, 0, 0, dev_ptr));
+}
+
+TANDEM_API cudaError_t cudaGetSymbolSize(size_t* size, const void* symbol) {
+  if (!size) return Return(cudaErrorInvalidValue);
+  Frontend& f = Frontend::Get();
+  std::lock_guard<std::mutex> lock(f.mu);
+  auto it = f.symbols.find(symbol);
+  if (it == f.symbols.end()) return Return(cudaErrorInvalidSymbol);
+  DeviceContext* d = nullptr;
+  TANDEM_RETURN_CUDA_IF_ERROR(Return(f.Current(&d)));
+  uint64_t address = 0, bytes = 0;
+  TANDEM_RETURN_CUDA_IF_ERROR(Return(EnsureSymbol(*d, *it->second, &address, &bytes)));
+  *size = bytes;
+  return cudaSuccess;
+}

@@ -1,0 +1,252 @@
+// Device memory at addresses the client chooses (no round trip for cudaMalloc), pinned and
+// registered host memory, and pointer queries. Copies are in memcpy.cc.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <iterator>
+
+#include "frontend.h"
+
+namespace tandem::cuda {
+namespace {
+
+constexpr uint64_t kChunkSize = 2u << 20;   // small allocations share chunks of at least this
+constexpr uint64_t kSmallLimit = 1u << 20;  // allocations up to this size are carved from chunks
+constexpr uint64_t kSmallAlign = 256;       // cudaMalloc's alignment guarantee
+
+uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+// A new remote allocation at an address of the device's range: BufferAlloc is asynchronous.
+cudaError_t NewBuffer(DeviceContext& d, uint64_t size, bool chunk, uint64_t* address) {
+  uint64_t total = 0;
+  if (d.dev->PropAs<uint64_t>(ir::kCudaTotalMem, &total) && d.allocated + size > total) return cudaErrorMemoryAllocation;
+  std::optional<uint64_t> a = d.va->Allocate(size, d.granularity);
+  if (!a) return cudaErrorMemoryAllocation;
+  Allocation alloc{.handle = client::Runtime::Get().NewHandle(), .size = size, .chunk = chunk};
+  if (chunk) alloc.carve = std::make_unique<RangeAllocator>(*a, size);
+  d.session().Post(ir::BufferAllocReq{.buffer = alloc.handle, .device = d.remote(), .size = size, .address = *a});
+  d.allocations.emplace(*a, std::move(alloc));
+  d.allocated += size;
+  *address = *a;
+  return cudaSuccess;
+}
+
+cudaError_t Allocate(DeviceContext& d, uint64_t size, uint64_t* address) {
+  if (size > kSmallLimit) return NewBuffer(d, RoundUp(size, d.granularity), false, address);
+  const uint64_t rounded = RoundUp(size, kSmallAlign);
+  for (auto& [base, alloc] : d.allocations) {
+    if (!alloc.chunk) continue;
+    if (std::optional<uint64_t> a = alloc.carve->Allocate(rounded, kSmallAlign)) {
+      d.small.emplace(*a, std::make_pair(base, rounded));
+      *address = *a;
+      return cudaSuccess;
+    }
+  }
+  uint64_t chunk = 0;
+  TANDEM_RETURN_CUDA_IF_ERROR(NewBuffer(d, RoundUp(kChunkSize, d.granularity), true, &chunk));
+  *address = *d.allocations.at(chunk).carve->Allocate(rounded, kSmallAlign);
+  d.small.emplace(*address, std::make_pair(chunk, rounded));
+  return cudaSuccess;
+}
+
+DeviceContext* OwnerOf(uint64_t address) {
+  for (DeviceContext* d : Frontend::Get().known())
+    if (d->ready && address >= d->va_base && address - d->va_base < d->va_size) return d;
+  return nullptr;
+}
+
+}  // namespace
+
+std::optional<DevicePtr> FindDevicePtr(const void* p) {
+  const auto a = reinterpret_cast<uint64_t>(p);
+  if (DeviceContext* d = OwnerOf(a)) {
+    DevicePtr out{.device = d, .address = a, .room = 0};  // room 0: inside the range, not allocated
+    if (auto it = d->small.upper_bound(a); it != d->small.begin()) {
+      --it;
+      if (a - it->first < it->second.second) out.room = it->first + it->second.second - a;
+    }
+    if (auto it = d->allocations.upper_bound(a); out.room == 0 && it != d->allocations.begin()) {
+      --it;
+      if (!it->second.chunk && a - it->first < it->second.size) out.room = it->first + it->second.size - a;
+    }
+    return out;
+  }
+  // Module globals live where the server's driver put them.
+  for (DeviceContext* d : Frontend::Get().known())
+    for (const auto& [sym, g] : d->globals)
+      if (a >= g.first && a - g.first < g.second) return DevicePtr{.device = d, .address = a, .room = g.first + g.second - a};
+  return std::nullopt;
+}
+
+const HostRegion* Frontend::FindHost(const void* p, size_t n) const {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  auto it = host_regions.upper_bound(a);
+  if (it == host_regions.begin()) return nullptr;
+  --it;
+  const HostRegion& r = it->second;
+  return a - it->first + n <= r.size ? &r : nullptr;
+}
+
+}  // namespace tandem::cuda
+
+using namespace tandem;
+using namespace tandem::cuda;
+
+TANDEM_API cudaError_t cudaMalloc(void** ptr, size_t size) {
+  if (!ptr) return Return(cudaErrorInvalidValue);
+  Frontend& f = Frontend::Get();
+  std::lock_guard<std::mutex> lock(f.mu);
+  DeviceContext* d = nullptr;
+  TANDEM_RETURN_CUDA_IF_ERROR(Return(f.Current(&d)));
+  if (d->sticky != cudaSuccess) return Return(d->sticky);
+  *ptr = nullptr;
+  if (size == 0) return cudaSuccess;
+  uint64_t address = 0;
+  TANDEM_RETURN_CUDA_IF_ERROR(Return(Allocate(*d, size, &address)));
+  *ptr = reinterpret_cast<void*>(address);
+  return cudaSuccess;
+}
+
+// Small allocations go back to their chunk (kept for reuse); large ones are unmapped.
+TANDEM_API cudaError_t cudaFree(void* ptr) {
+  if (!ptr) return cudaSuccess;
+  Frontend& f = Frontend::Get();
+  std::lock_guard<std::mutex> lock(f.mu);
+  const auto a = reinterpret_cast<uint64_t>(ptr);
+  DeviceContext* d = OwnerOf(a);
+  if (!d) return Return(cudaErrorInvalidValue);
+  if (auto s = d->small.find(a); s != d->small.end()) {
+    d->allocations.at(s->second.first).carve->Free(a, s->second.second);
+    d->small.erase(s);
+    return cudaSuccess;
+  }
+  auto it = d->allocations.find(a);
+  if (it == d->allocations.end() || it->second.chunk) return Return(cudaErrorInvalidValue);
+  d->session().Post(ir::BufferFreeReq{.buffer = it->second.handle});
+  d->va->Free(a, it->second.size);
+  d->allocated -= it->second.size;
+  d->allocations.erase(it);
+  return cudaSuccess;
+}
+
+TANDEM_API cudaError_t cudaMallocPitch(void** ptr, size_t* pitch, size_t width, size_t height) {
+  if (!pitch) return Return(cudaErrorInvalidValue);
+  int alignment = 512;
+  {
+    Frontend& f = Frontend::Get();
+    std::lock_guard<std::mutex> lock(f.mu);
+    DeviceContext* d = nullptr;
+    TANDEM_RETURN_CUDA_IF_ERROR(Return(f.Current(&d)));
+    alignment = d->Attr(cudaDevAttrTextureAlignment, 512);
+  }
+  *pitch = (width + static_cast<size_t>(alignment) - 1) / static_cast<size_t>(alignment) * static_cast<size_t>(alignment);
+  return cudaMalloc(ptr, *pitch * height);
+}
+
+TANDEM_API cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
+  if (!free || !total) return Return(cudaErrorInvalidValue);
+  Frontend& f = Frontend::Get();
+  std::unique_lock<std::mutex> lock(f.mu);
+  DeviceContext* d = nullptr;
+  TANDEM_RETURN_CUDA_IF_ERROR(Return(f.Current(&d)));
+  client::Session& s = d->session();
+  const uint64_t device = d->remote();
+  lock.unlock();
+  auto rep = s.Call(ir::MemInfoReq{.device = device});
+  if (!rep.ok()) return Return(ToCuda(rep.status()));
+  *free = rep->free;
+  *total = rep->total;
+  return cudaSuccess;
+}
+
+// ---- pinned host memory: client memory, registered with each session on first copy -------
+
+TANDEM_API cudaError_t cudaHostAlloc(void** ptr, size_t size, unsigned int flags) {
+  if (!ptr) return Return(cudaErrorInvalidValue);
+  if (flags & cudaHostAllocMapped)
+    log::Once("cudaHostAlloc(cudaHostAllocMapped): kernels on remote devices cannot reach host memory");
+  *ptr = nullptr;
+  if (size == 0) return cudaSuccess;
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return Return(cudaErrorMemoryAllocation);
+  Frontend& f = Frontend::Get();
+  std::lock_guard<std::mutex> lock(f.mu);
+  f.host_regions[reinterpret_cast<uintptr_t>(p)] = HostRegion{.base = p, .size = size, .owned = true, .flags = flags};
+  *ptr = p;
+  return cudaSuccess;
+}
+
+TANDEM_API cudaError_t cudaMallocHost(void** ptr, size_t size) { return cudaHostAlloc(ptr, size, cudaHostAllocDefault); }
+
+TANDEM_API cudaError_t cudaFreeHost(void* ptr) {
+  if (!ptr) return cudaSuccess;
+  Frontend& f = Frontend::Get();
+  std::lock_guard<std::mutex> lock(f.mu);
+  auto it = f.host_regions.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == f.host_regions.end() || !it->second.owned) return Return(cudaErrorInvalidValue);
+  // Transfers still in flight hold their own reference to the registration.
+  munmap(it->second.base, it->second.size);
+  f.host_regions.erase(it);
+  return cudaSuccess;
+}
+
+TANDEM_API cudaError_t cudaHostRegister(void* ptr, size_t size, unsigned int flags) {
+  if (!ptr || size == 0) return Return(cudaErrorInvalidValue);
+  if (flags & cudaHostRegisterMapped)
+    log::Once("cudaHostRegister(cudaHostRegisterMapped): kernels on remote devices cannot reach host memory");
+  Frontend& f = Frontend::Get();
+  std::lock_guard<std::mutex> lock(f.mu);
+  const auto a = reinterpret_cast<uintptr_t>(ptr);
+  // Overlap with a region already pinned is an error in CUDA too.
+  auto next = f.host_regions.lower_bound(a);
+  if (next != f.host_regions.end() && next->first < a + size) return Return(cudaErrorHostMemoryAlreadyRegistered);
+  if (next != f.host_regions.begin() && std::prev(next)->first + std::prev(next)->second.size > a)
+    return Return(cudaErrorHostMemoryAlreadyRegistered);
+  f.host_regions[a] = HostRegion{.base = ptr, .size = size, .owned = false, .flags = flags};
+  return cudaSuccess;
+}
+
+TANDEM_API cudaError_t cudaHostUnregister(void* ptr) {
+  Frontend& f = Frontend::Get();
+  std::lock_guard<std::mutex> lock(f.mu);
+  auto it = f.host_regions.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == f.host_regions.end() || it->second.owned) return Return(cudaErrorHostMemoryNotRegistered);
+  f.host_regions.erase(it);
+  return cudaSuccess;
+}
+
+TANDEM_API cudaError_t cudaHostGetFlags(unsigned int* flags, void* ptr) {
+  Frontend& f = Frontend::Get();
+  std::lock_guard<std::mutex> lock(f.mu);
+  const HostRegion* r = f.FindHost(ptr, 1);
+  if (!flags || !r) return Return(cudaErrorInvalidValue);
+  *flags = r->flags;
+  return cudaSuccess;
+}
+
+// Device pointers are ours by address; pinned host memory is known; anything else is plain
+// host memory. Host memory is never reachable from remote kernels, so it has no device pointer.
+TANDEM_API cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attr, const void* ptr) {
+  if (!attr) return Return(cudaErrorInvalidValue);
+  Frontend& f = Frontend::Get();
+  std::lock_guard<std::mutex> lock(f.mu);
+  *attr = cudaPointerAttributes{};
+  if (std::optional<DevicePtr> dp = FindDevicePtr(ptr); dp && dp->room > 0) {
+    attr->type = cudaMemoryTypeDevice;
+    attr->device = dp->device->index;
+    attr->devicePointer = const_cast<void*>(ptr);
+  } else if (f.FindHost(ptr, 1)) {
+    attr->type = cudaMemoryTypeHost;
+    attr->device = CurrentIndex();
+    attr->hostPointer = const_cast<void*>(ptr);
+  } else {
+    attr->type = cudaMemoryTypeUnregistered;
+    attr->device = -2;
+  }
+  return cudaSuccess;
+}
+
+// A pure value constructor (CUDA arrays themselves are not supported).
+TANDEM_API cudaChannelFormatDesc cudaCreateChannelDesc(int x, int y, int z, int w, cudaChannelFormatKind f) {
+  return cudaChannelFormatDesc{x, y, z, w, f};
+}

@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# gpu_suite.sh TANDEMD LIB PROGRAM...
+# Runs each CUDA test program natively and through Tandem (LD_PRELOAD=LIB, a tandemd with the
+# CUDA backend on 127.0.0.1) and compares stdout and exit code; then runs one program again
+# through Tandem with the real CUDA libraries hidden from it (no libcudart, no libcuda, empty
+# LD_LIBRARY_PATH), as on a client with no CUDA installed. Exit 77 (skip) without a GPU.
+set -u -o pipefail
+tandemd=$1 lib=$2; shift 2
+programs=("$@")
+
+if [[ ! -e /dev/nvidia0 ]] || ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "SKIP: no NVIDIA GPU here (/dev/nvidia0 missing or nvidia-smi fails): the CUDA suite needs one"
+  exit 77
+fi
+[[ -x $tandemd ]] || { echo "FAIL: tandemd not built: $tandemd"; exit 1; }
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/tandem-cuda.XXXXXX") || exit 1
+keep=${TANDEM_CUDA_SUITE_LOGS:-}  # a folder to copy every output to
+server_pid=""
+cleanup() {
+  local rc=$?
+  if [[ -n $server_pid ]]; then
+    kill -TERM -- "-$server_pid" 2>/dev/null
+    for _ in $(seq 1 50); do kill -0 "$server_pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL -- "-$server_pid" 2>/dev/null
+    wait "$server_pid" 2>/dev/null
+  fi
+  [[ -n $keep ]] && mkdir -p "$keep" && cp -r "$work"/. "$keep"/
+  rm -rf "$work"
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+unset TANDEM_SERVERS LD_PRELOAD
+RUN_TIMEOUT=${TANDEM_CUDA_RUN_TIMEOUT:-120}
+# The native runs need the real runtime; the toolkit's folder if the loader does not know it.
+native_path=${LD_LIBRARY_PATH:-}
+if ! ldconfig -p | grep -q 'libcudart\.so\.13 '; then
+  for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+    [[ -e $d/libcudart.so.13 ]] && native_path=$d${native_path:+:$native_path} && break
+  done
+fi
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null \
+    || echo $((20000 + RANDOM % 40000))
+}
+
+# tandemd in its own process group, so cleanup stops the broker and its session workers.
+start_server() {
+  local port
+  for _ in 1 2 3; do
+    port=$(free_port)
+    SERVER=127.0.0.1:$port
+    setsid "$tandemd" --listen "$SERVER" --backend cuda >"$work/tandemd.log" 2>&1 &
+    server_pid=$!
+    for _ in $(seq 1 300); do
+      kill -0 "$server_pid" 2>/dev/null || break
+      grep -q 'tandemd listening on' "$work/tandemd.log" && { echo "tandemd ready on $SERVER"; return 0; }
+      sleep 0.1
+    done
+    echo "tandemd did not start on $SERVER:"; cat "$work/tandemd.log"
+    kill -KILL -- "-$server_pid" 2>/dev/null; wait "$server_pid" 2>/dev/null; server_pid=""
+  done
+  return 1
+}
+start_server || { echo "FAIL: tandemd --backend cuda would not start"; exit 1; }
+
+passed=0 failed=0
+# compare NAME: native.out/rc against tandem.out/rc in $work/NAME.*
+compare() {
+  local name=$1 why=""
+  cmp -s "$work/$name.native.out" "$work/$name.tandem.out" || why="stdout differs"
+  local rn rt
+  rn=$(cat "$work/$name.native.rc") rt=$(cat "$work/$name.tandem.rc")
+  [[ $rn == "$rt" ]] || why="${why:+$why, }exit code native $rn, Tandem $rt"
+  [[ $rn == 0 ]] || why="${why:+$why, }fails natively (exit $rn)"
+  if [[ -z $why ]]; then
+    echo "PASS $name ($(wc -l <"$work/$name.native.out") lines identical)"
+    passed=$((passed + 1))
+  else
+    echo "FAIL $name: $why"
+    diff -u --label native --label tandem "$work/$name.native.out" "$work/$name.tandem.out" | head -40
+    echo "---- Tandem stderr (last 20 lines) ----"; tail -n 20 "$work/$name.tandem.err"
+    failed=$((failed + 1))
+  fi
+}
+
+for prog in "${programs[@]}"; do
+  name=$(basename "$prog")
+  LD_LIBRARY_PATH=$native_path timeout -k 5 "$RUN_TIMEOUT" "$prog" >"$work/$name.native.out" 2>"$work/$name.native.err"
+  echo $? >"$work/$name.native.rc"
+  LD_PRELOAD=$lib TANDEM_SERVERS=$SERVER timeout -k 5 "$RUN_TIMEOUT" "$prog" \
+    >"$work/$name.tandem.out" 2>"$work/$name.tandem.err"
+  echo $? >"$work/$name.tandem.rc"
+  compare "$name"
+done
+
+# A client with no CUDA at all: in a private mount namespace, empty folders over the toolkit's
+# libraries and /dev/null over every libcuda/libcudart the loader knows, no LD_LIBRARY_PATH.
+nocuda=${programs[0]}
+name="$(basename "$nocuda")-without-cuda"
+if [[ $(id -u) == 0 ]] && command -v unshare >/dev/null; then
+  cp "$work/$(basename "$nocuda").native.out" "$work/$name.native.out"
+  cp "$work/$(basename "$nocuda").native.rc" "$work/$name.native.rc"
+  hide=$(ldconfig -p | awk '/lib(cuda|cudart)\.so/ { print $NF }' | xargs -r readlink -f | sort -u | tr '\n' ' ')
+  unshare -m bash -c '
+    set -e
+    empty=$(mktemp -d)
+    for d in /usr/local/cuda*/lib64 /usr/local/cuda*/targets/*/lib; do [[ -d $d ]] && mount --bind "$empty" "$d"; done
+    for f in '"$hide"'; do mount --bind /dev/null "$f"; done
+    echo "hidden from the client: /usr/local/cuda*/lib64 '"$hide"'" >&2
+    if LD_LIBRARY_PATH= ldconfig -p | awk "/libcuda(rt)?\\.so/ {print \$NF}" | xargs -r cat 2>/dev/null | head -c 4 | grep -q ELF; then
+      echo "a CUDA library is still readable" >&2; exit 99
+    fi
+    exec env -u LD_LIBRARY_PATH LD_PRELOAD='"$lib"' TANDEM_SERVERS='"$SERVER"' timeout -k 5 '"$RUN_TIMEOUT"' '"$nocuda"'
+  ' >"$work/$name.tandem.out" 2>"$work/$name.tandem.err"
+  echo $? >"$work/$name.tandem.rc"
+  head -n 1 "$work/$name.tandem.err"
+  compare "$name"
+else
+  echo "FAIL $name: needs root and unshare to hide the CUDA libraries"
+  failed=$((failed + 1))
+fi
+
+echo "$passed passed, $failed failed"
+((failed == 0))

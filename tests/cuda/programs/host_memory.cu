@@ -1,0 +1,75 @@
+// Pinned (cudaMallocHost, cudaHostAlloc) and registered (cudaHostRegister) host memory,
+// synchronous and asynchronous copies from and to it, and cudaPointerGetAttributes.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "check.h"
+
+__global__ void twice(int* p, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) p[i] *= 2;
+}
+
+const char* type_name(cudaMemoryType t) {
+  switch (t) {
+    case cudaMemoryTypeUnregistered: return "unregistered";
+    case cudaMemoryTypeHost: return "host";
+    case cudaMemoryTypeDevice: return "device";
+    case cudaMemoryTypeManaged: return "managed";
+  }
+  return "?";
+}
+
+int main() {
+  const int n = 1 << 18;  // 1 MiB of ints: above the inline limit, moved by RMA
+  int *pinned, *portable, *d;
+  CHECK(cudaMallocHost(&pinned, n * sizeof(int)));
+  CHECK(cudaHostAlloc(&portable, n * sizeof(int), cudaHostAllocPortable));
+  int* plain = static_cast<int*>(aligned_alloc(4096, n * sizeof(int)));
+  CHECK(cudaHostRegister(plain, n * sizeof(int), cudaHostRegisterDefault));
+  CHECK(cudaMalloc(&d, n * sizeof(int)));
+  int wrong = 0;
+  int* buffers[] = {pinned, portable, plain};
+  for (int round = 0; round < 3; ++round) {
+    int* h = buffers[round];
+    for (int i = 0; i < n; ++i) h[i] = i + round;
+    // Twice each way: the second copy reuses the cached registration.
+    for (int rep = 0; rep < 2; ++rep) {
+      CHECK(cudaMemcpyAsync(d, h, n * sizeof(int), cudaMemcpyHostToDevice, 0));
+      twice<<<(n + 255) / 256, 256>>>(d, n);
+      CHECK(cudaMemcpyAsync(h, d, n * sizeof(int), cudaMemcpyDeviceToHost, 0));
+      CHECK(cudaStreamSynchronize(0));
+    }
+    for (int i = 0; i < n; ++i) wrong += h[i] != 4 * (i + round);
+    CHECK(cudaMemcpy(d, h, n * sizeof(int), cudaMemcpyHostToDevice));
+    memset(h, 0, n * sizeof(int));
+    CHECK(cudaMemcpy(h, d, n * sizeof(int), cudaMemcpyDeviceToHost));
+    for (int i = 0; i < n; ++i) wrong += h[i] != 4 * (i + round);
+  }
+  printf("pinned, portable and registered copies: %d wrong\n", wrong);
+
+  cudaPointerAttributes a;
+  const void* ptrs[] = {d, d + 100, pinned, plain};
+  const char* names[] = {"device", "device+100", "pinned", "registered"};
+  for (int i = 0; i < 4; ++i) {
+    CHECK(cudaPointerGetAttributes(&a, ptrs[i]));
+    printf("%s pointer: type %s%s\n", names[i], type_name(a.type),
+           a.type == cudaMemoryTypeDevice ? (a.device == 0 ? " on device 0" : " on another device") : "");
+  }
+  int stack_value = 0;
+  CHECK(cudaPointerGetAttributes(&a, &stack_value));
+  printf("stack pointer: type %s\n", type_name(a.type));
+  unsigned flags = 0;
+  CHECK(cudaHostGetFlags(&flags, portable));
+  printf("portable flag kept: %s\n", (flags & cudaHostAllocPortable) ? "yes" : "no");
+
+  CHECK(cudaHostUnregister(plain));
+  printf("unregister twice: %s\n", cudaGetErrorName(cudaHostUnregister(plain)));
+  cudaGetLastError();
+  free(plain);
+  CHECK(cudaFreeHost(pinned));
+  CHECK(cudaFreeHost(portable));
+  CHECK(cudaFree(d));
+  return wrong ? 1 : 0;
+}
