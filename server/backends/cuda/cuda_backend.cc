@@ -210,10 +210,23 @@ Status CudaBackend::OnMemInfo(const ir::MemInfoReq& req, ir::MemInfoRep* rep) {
 Status CudaBackend::OnDeviceReset(const ir::DeviceResetReq& req, ir::DeviceResetRep*) {
   TANDEM_RETURN_IF_ERROR(CheckDevice(req.device));
   const auto device = static_cast<uint32_t>(req.device);
+  // Allocations are unmapped after the reset: a context with a sticky error may refuse it.
+  std::vector<Allocation> allocations;
+  std::erase_if(buffers_, [&](const auto& b) {
+    if (b.second.device != device) return false;
+    allocations.push_back(b.second);
+    ranges_.erase(b.second.address);
+    return true;
+  });
   ReleaseDevice(device, true);
   Device& d = devices_[device];
   TANDEM_RETURN_IF_ERROR(drv_->Check(drv_->cuDevicePrimaryCtxReset(d.dev), "cuDevicePrimaryCtxReset"));
   d.sticky = Status::Ok();
+  if (!allocations.empty()) TANDEM_RETURN_IF_ERROR(Enter(device));
+  for (const Allocation& a : allocations) {
+    Status st = FreeAllocation(a);
+    if (!st.ok()) log::Debug("device {}: freeing the allocation at 0x{:x} after reset: {}", device, a.address, st.message());
+  }
   // Whether the reset dropped a reservation is the driver's business: asking for the range
   // again either gets it back at its base, or finds it still held and gives the offer back.
   for (const auto& [base, r] : reservations_) {
