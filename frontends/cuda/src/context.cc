@@ -264,4 +264,19 @@ cudaError_t Frontend::WaitPending() {
   return ToCuda(st);
 }
 
+void Frontend::BeginCallback() {
+  std::lock_guard<std::mutex> lock(pending_mu_);
+  ++callbacks_;
+}
+
+void Frontend::EndCallback() {
+  std::lock_guard<std::mutex> lock(pending_mu_);
+  if (--callbacks_ == 0) pending_cv_.notify_all();
+}
+
+void Frontend::WaitCallbacks() {
+  std::unique_lock<std::mutex> lock(pending_mu_);
+  pending_cv_.wait(lock, [&] { return callbacks_ == 0; });
+}
+
 }  // namespace tandem::cuda

@@ -10,6 +10,7 @@ namespace {
 
 // Waits for everything queued on a device, then reports what went wrong asynchronously.
 cudaError_t SyncDevice(DeviceContext& d) {
+  Frontend::Get().WaitCallbacks();
   Status st = d.session().Call(ir::DeviceSyncReq{.device = d.remote()}).status();
   cudaError_t pending = Frontend::Get().WaitPending();
   cudaError_t async = TakeAsyncErrors(d);
@@ -248,6 +249,7 @@ TANDEM_API cudaError_t cudaDeviceReset() {
   std::lock_guard<std::mutex> lock(f.mu);
   DeviceContext* d = nullptr;
   TANDEM_RETURN_CUDA_IF_ERROR(Return(f.Current(&d)));
+  f.WaitCallbacks();
   auto rep = d->session().Call(ir::DeviceResetReq{.device = d->remote()});
   d->session().TakeAsyncErrors();
   d->allocations.clear();

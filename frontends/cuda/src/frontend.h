@@ -169,6 +169,13 @@ class Frontend {
   void EndPending(const Status& st);
   cudaError_t WaitPending();
 
+  // Host callbacks not yet run. tandemd runs a session's commands one at a time, and a
+  // command that blocks on a stream held by a callback's gate would keep the gate from ever
+  // opening: anything that may block on the server waits for the callbacks first.
+  void BeginCallback();
+  void EndCallback();
+  void WaitCallbacks();
+
  private:
   cudaError_t Connect();
   cudaError_t SetUp(DeviceContext& d);
@@ -182,6 +189,7 @@ class Frontend {
   std::condition_variable pending_cv_;
   int pending_ = 0;
   Status pending_error_;
+  int callbacks_ = 0;  // guarded by pending_mu_
 };
 
 // The calling thread's current device index (cudaSetDevice).

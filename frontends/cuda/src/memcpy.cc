@@ -62,6 +62,7 @@ struct Done {
 cudaError_t Write(const Target& t, uint64_t address, const void* src, size_t n, bool async,
                   std::shared_ptr<fabric::MemoryRegion> pinned) {
   Frontend& f = Frontend::Get();
+  if (n > ir::kInlineDataLimit) f.WaitCallbacks();  // the server waits on its stream for bulk writes
   ir::BufferWriteReq req{.stream = t.stream, .buffer = 0, .offset = address, .size = n};
   if (pinned) {
     req.remote = RegionOf(*pinned, src, n);
@@ -88,6 +89,7 @@ cudaError_t Write(const Target& t, uint64_t address, const void* src, size_t n, 
 cudaError_t Read(const Target& t, uint64_t address, void* dst, size_t n, bool async,
                  std::shared_ptr<fabric::MemoryRegion> pinned) {
   Frontend& f = Frontend::Get();
+  f.WaitCallbacks();  // the server waits for the stream to read
   ir::BufferReadReq req{.stream = t.stream, .buffer = 0, .offset = address, .size = n};
   if (pinned) {
     req.remote = RegionOf(*pinned, dst, n);

@@ -1,6 +1,8 @@
 // Streams and events map one to one onto IR streams and events (client-chosen handles, no
 // round trip to create). Host callbacks run on a client thread per stream, in stream order:
 // the stream waits on a user event that the thread sets once the callback has returned.
+#include <algorithm>
+#include <chrono>
 #include <deque>
 #include <thread>
 
@@ -59,15 +61,27 @@ class CallbackQueue : public std::enable_shared_from_this<CallbackQueue> {
         item = std::move(items_.front());
         items_.pop_front();
       }
-      auto rep = item.session->Call(ir::EventWaitReq{.events = {item.done_event}});
-      cudaError_t status = !rep.ok() ? ToCuda(rep.status())
-                           : rep->statuses.size() == 1 ? EventStatusToCuda(rep->statuses[0])
-                                                       : cudaErrorUnknown;
+      cudaError_t status = WaitDone(item);
       item.fn(status);
       item.session->Post(ir::UserEventSetReq{.event = item.gate_event, .status = ir::kEventComplete});
       item.session->Post(ir::EventDestroyReq{.event = item.done_event});
       item.session->Post(ir::EventDestroyReq{.event = item.gate_event});
       item.session->Flush();
+      Frontend::Get().EndCallback();
+    }
+  }
+
+  // Polls the event instead of EventWait: a wait would hold the server's command loop, and
+  // with it the UserEventSet of an earlier callback that the event may depend on.
+  static cudaError_t WaitDone(const Item& item) {
+    auto delay = std::chrono::microseconds(20);
+    for (;;) {
+      auto rep = item.session->Call(ir::EventQueryReq{.event = item.done_event});
+      if (!rep.ok()) return ToCuda(rep.status());
+      cudaError_t e = EventStatusToCuda(rep->status);
+      if (e != cudaErrorNotReady) return e;
+      std::this_thread::sleep_for(delay);
+      delay = std::min<std::chrono::microseconds>(delay * 2, std::chrono::milliseconds(1));
     }
   }
 
@@ -114,6 +128,7 @@ cudaError_t AddCallback(cudaStream_t stream, std::function<void(cudaError_t)> fn
   session.Post(ir::EventCreateReq{.event = item.gate_event, .device = d->remote(), .flags = ir::kEventUser});
   session.Post(ir::MarkerReq{.stream = s.handle, .barrier = 0, .wait = {item.gate_event}, .signal = 0});
   session.Flush();
+  f.BeginCallback();
   q->Push(std::move(item));
   return cudaSuccess;
 }
@@ -198,6 +213,7 @@ TANDEM_API cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     TANDEM_RETURN_CUDA_IF_ERROR(Return(StreamTarget(stream, &d, &s)));
     if (d->sticky != cudaSuccess) return Return(d->sticky);
   }
+  f.WaitCallbacks();
   // The default stream waits for the device (the legacy stream orders after all others anyway).
   Status st = s.handle ? d->session().Call(ir::StreamSyncReq{.stream = s.handle}).status()
                        : d->session().Call(ir::DeviceSyncReq{.device = d->remote()}).status();
@@ -343,6 +359,7 @@ TANDEM_API cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   bool recorded = false;
   TANDEM_RETURN_CUDA_IF_ERROR(Return(FindEvent(event, &handle, &d, &recorded)));
   if (!recorded) return cudaSuccess;
+  Frontend::Get().WaitCallbacks();
   auto rep = d->session().Call(ir::EventWaitReq{.events = {handle}});
   Status st = rep.status();
   cudaError_t e = FinishSync(*d, st);
