@@ -155,7 +155,9 @@ void Session::Run(const ir::Record& rec, ir::BatchWriter& out) {
   if (!st.ok()) return ReplyError(rec, st, out);
   typename Req::Reply rep{};
   st = Execute(req, &rep);
-  const bool want_reply = (Req::kFlags & ir::kNeedsReply) || (rec.header.flags & ir::kRecordWantReply);
+  // A protocol error (a command sent the wrong way) is answered at once, like a malformed one.
+  const bool want_reply = (Req::kFlags & ir::kNeedsReply) || (rec.header.flags & ir::kRecordWantReply) ||
+                          st.code() == Code::kProtocol;
   if (want_reply) return Reply(rec, st, &rep, out);
   if (!st.ok()) {
     uint64_t signal = 0;

@@ -25,7 +25,9 @@ class Daemon {
  public:
   // Starts `tandemd --listen 127.0.0.1:0 <extra>`; empty address() when it did not start.
   explicit Daemon(std::vector<std::string> extra, const std::string& name = "tandemd") {
-    log_ = fmt::format("{}/{}-{}.log", TANDEM_TEST_TMP, name, ::getpid());
+    static int started = 0;
+    log_ = fmt::format("{}/{}-{}-{}.log", TANDEM_TEST_TMP, name, ::getpid(), ++started);
+    std::remove(log_.c_str());  // so an old log's address is never read
     std::vector<std::string> args = {TANDEMD_PATH, "--listen", "127.0.0.1:0", "--backend", "opencl"};
     args.insert(args.end(), extra.begin(), extra.end());
     pid_ = ::fork();

@@ -144,5 +144,200 @@ TEST(Tandemd, GoodSessionEndToEnd) {
   EXPECT_EQ(LiveSessions(c, s->broker), 0u);
 }
 
+
+std::string WriteTokenFile(const std::string& token) {
+  std::string path = fmt::format("{}/token-{}", TANDEM_TEST_TMP, ::getpid());
+  std::ofstream(path) << token << "\n";
+  return path;
+}
+
+TEST(Tandemd, WrongOrMissingTokenIsRefusedAndTheLinkClosed) {
+  Daemon d({"--token-file", WriteTokenFile("s3cret")});
+  ASSERT_FALSE(d.address().empty());
+  EXPECT_NE(d.Log().find("token required"), std::string::npos);
+  for (const std::string token : {"wrong", ""}) {
+    TestClient c;
+    auto broker = c.Connect(d.address());
+    ASSERT_TRUE(broker.ok()) << broker.status().ToString();
+    auto h = c.Call(broker.value(),
+                    ir::HelloReq{ir::kMagic, ir::kProtocolVersion, 0, token, "intruder"});
+    EXPECT_EQ(h.status().code(), Code::kAuth) << h.status().ToString();
+    EXPECT_NE(h.status().message().find("wrong or missing token"), std::string::npos);
+    // The broker closed the link: nothing more is answered on it.
+    ir::BatchWriter w(ir::BatchKind::kRequests);
+    w.AddRequest(ir::ServerStatusReq{"s3cret"}, 2);
+    Status sent = c.ep().Send(broker.value(), w.Finish());
+    if (sent.ok()) {
+      EXPECT_FALSE(c.Receive(broker.value(), 1500ms).status.ok());
+    }
+  }
+  // ServerStatus is token-checked too; the right token opens a session.
+  TestClient c;
+  auto s = OpenSession(c, d.address(), "s3cret");
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_EQ(LiveSessions(c, s->broker, "s3cret"), 1u);
+}
+
+TEST(Tandemd, MalformedBatchesGetClearErrors) {
+  Daemon d({});
+  ASSERT_FALSE(d.address().empty());
+  TestClient c;
+  auto s = OpenSession(c, d.address());
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ir::BatchWriter w(ir::BatchKind::kRequests);
+  w.AddRequest(ir::DeviceSyncReq{0}, 7);
+  const std::vector<uint8_t> good = w.Finish();
+  std::vector<uint8_t> bad_magic = good;
+  bad_magic[0] ^= 0x55;
+  std::vector<uint8_t> trailing = good;
+  trailing.push_back(1);
+  w.AddRaw(0x0F0F, 0, 8, {});
+  const std::vector<uint8_t> unknown = w.Finish();
+  w.AddRaw(static_cast<uint16_t>(ir::Opcode::kDeviceSync), 0, 9, std::vector<uint8_t>(12, 0));
+  const std::vector<uint8_t> long_record = w.Finish();
+  struct Case {
+    const char* what;
+    std::vector<uint8_t> bytes;
+    Code code;
+    const char* message;
+  } cases[] = {
+      {"garbage", {0x13, 0x37, 0xc0, 0xde, 0x00}, Code::kProtocol, "shorter than its header"},
+      {"truncated", std::vector<uint8_t>(good.begin(), good.end() - 4), Code::kProtocol, "does not match"},
+      {"wrong magic", bad_magic, Code::kProtocol, "bad magic"},
+      {"unknown opcode", unknown, Code::kUnimplemented, "0x0f0f"},
+      {"trailing bytes", trailing, Code::kProtocol, "does not match"},
+      {"trailing bytes in a record", long_record, Code::kProtocol, "trailing bytes in DeviceSync"},
+  };
+  for (fabric::PeerId peer : {s->worker, s->broker}) {
+    for (const Case& k : cases) {
+      ReplyBatch r = c.Exchange(peer, k.bytes);
+      ASSERT_TRUE(r.status.ok()) << k.what << ": " << r.status.ToString();
+      ASSERT_EQ(r.records.size(), 1u) << k.what;
+      Status st = r.RecordStatus(0);
+      // Records that parse reach the broker's own check: it answers only Hello and ServerStatus.
+      if (peer == s->broker && (k.code == Code::kUnimplemented || k.bytes == long_record)) {
+        EXPECT_EQ(st.code(), Code::kProtocol) << k.what;
+        EXPECT_NE(st.message().find("only Hello and ServerStatus"), std::string::npos) << st.message();
+        continue;
+      }
+      EXPECT_EQ(st.code(), k.code) << k.what << ": " << st.ToString();
+      EXPECT_NE(st.message().find(k.message), std::string::npos) << k.what << ": " << st.message();
+    }
+  }
+  // The broker refuses session commands; the worker refuses broker commands.
+  auto on_broker = c.Call(s->broker, ir::DeviceSyncReq{0});
+  EXPECT_EQ(on_broker.status().code(), Code::kProtocol);
+  auto on_worker = c.Call(s->worker, ir::ServerStatusReq{});
+  EXPECT_EQ(on_worker.status().code(), Code::kProtocol);
+  // And the session still serves.
+  RoundTrip(c, s->worker, 0x300, 1u << 16);
+}
+
+TEST(Tandemd, BadRangesAndForeignHandlesAreRefused) {
+  Daemon d({});
+  ASSERT_FALSE(d.address().empty());
+  TestClient a, b;
+  auto sa = OpenSession(a, d.address());
+  ASSERT_TRUE(sa.ok()) << sa.status().ToString();
+  auto sb = OpenSession(b, d.address());
+  ASSERT_TRUE(sb.ok()) << sb.status().ToString();
+  EXPECT_NE(sa->hello.session_port, sb->hello.session_port);
+
+  ir::BatchWriter w(ir::BatchKind::kRequests);
+  w.AddRequest(ir::BufferAllocReq{0x10, 0, 4096, 0, 0}, 1);
+  w.AddRequest(ir::DeviceSyncReq{0}, 2);
+  ASSERT_TRUE(TestClient::Decode<ir::DeviceSyncReq>(a.Exchange(sa->worker, w.Finish())).status().ok());
+
+  // Session B cannot see A's buffer 0x10, and its own copies must stay in range.
+  auto foreign = b.Call(sb->worker, ir::BufferCopyReq{0, 0x10, 0, 0x10, 64, 64, {}, 0}, ir::kRecordWantReply);
+  EXPECT_EQ(foreign.status().code(), Code::kUnknownHandle) << foreign.status().ToString();
+  w.AddRequest(ir::BufferAllocReq{0x20, 0, 1024, 0, 0}, 3);
+  w.AddRequest(ir::BufferCopyReq{0, 0x20, 1000, 0x20, 0, 100, {}, 0}, 4);  // async: deferred
+  w.AddRequest(ir::BufferCopyReq{0, 0x20, 0, 0x20, ~0ull - 10, 100, {}, 0}, 5, ir::kRecordWantReply);
+  w.AddRequest(ir::DeviceSyncReq{0}, 6);
+  ReplyBatch r = b.Exchange(sb->worker, w.Finish());
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  ASSERT_EQ(r.records.size(), 2u);
+  ir::ReplyHead head;
+  EXPECT_EQ(r.RecordStatus(0, &head).code(), Code::kInvalidArgument);
+  ASSERT_EQ(head.deferred.size(), 1u);
+  EXPECT_EQ(head.deferred[0].seq, 4u);
+  EXPECT_EQ(head.deferred[0].code, static_cast<uint32_t>(Code::kInvalidArgument));
+  EXPECT_TRUE(r.RecordStatus(1).ok());
+
+  // Nor can B attach to A's session, even with A's key.
+  auto wa = b.Connect(fmt::format("127.0.0.1:{}", sa->hello.session_port));
+  ASSERT_TRUE(wa.ok());
+  auto attach = b.Call(wa.value(), ir::AttachReq{sa->hello.session_key});
+  EXPECT_EQ(attach.status().code(), Code::kAuth) << attach.status().ToString();
+
+  // After all that, both sessions still compute the right answers.
+  RoundTrip(a, sa->worker, 0x400, 1u << 20);
+  RoundTrip(b, sb->worker, 0x500, 1u << 20);
+}
+
+}  // namespace
+
+// Run in a child process (see main): opens a session, starts a 128 MiB RMA write and dies
+// in the middle of it.
+int VanishingClient(const std::string& server) {
+  TestClient c;
+  auto s = OpenSession(c, server);
+  if (!s.ok()) return 2;
+  constexpr size_t kSize = 128u << 20;
+  std::vector<uint8_t> host(kSize, 0x5a);
+  auto mr = c.ep().Register(host.data(), host.size(), fabric::kRemoteRead);
+  if (!mr.ok()) return 3;
+  ir::BatchWriter w(ir::BatchKind::kRequests);
+  w.AddRequest(ir::BufferAllocReq{1, 0, kSize, 0, 0}, 1);
+  ir::BufferWriteReq wr;
+  wr.buffer = 1;
+  wr.size = kSize;
+  wr.remote = RegionOf(*mr.value());
+  w.AddRequest(wr, 2, ir::kRecordWantReply);
+  if (!c.ep().Send(s->worker, w.Finish()).ok()) return 4;
+  std::this_thread::sleep_for(30ms);
+  ::raise(SIGKILL);
+  return 5;
+}
+
+namespace {
+
+TEST(Tandemd, ClientVanishingMidTransferFreesItsSession) {
+  Daemon d({"--session-timeout-ms", "1500"});
+  ASSERT_FALSE(d.address().empty());
+  pid_t child = ::fork();
+  if (child == 0) {
+    const char* argv[] = {"/proc/self/exe", "--vanishing-client", d.address().c_str(), nullptr};
+    ::execv(argv[0], const_cast<char* const*>(argv));
+    ::_exit(127);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFSIGNALED(status)) << "the vanishing client exited with " << WEXITSTATUS(status);
+
+  TestClient c;
+  auto broker = c.Connect(d.address());
+  ASSERT_TRUE(broker.ok());
+  // Its worker ends within the session timeout, which frees everything it held.
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  uint32_t live = LiveSessions(c, broker.value());
+  while (live != 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(100ms);
+    live = LiveSessions(c, broker.value());
+  }
+  EXPECT_EQ(live, 0u) << d.Log();
+  // The server goes on serving new clients.
+  auto s = OpenSession(c, d.address());
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  RoundTrip(c, s->worker, 0x600, 4u << 20);
+}
+
 }  // namespace
 }  // namespace tandem::test
+
+int main(int argc, char** argv) {
+  if (argc == 3 && std::string(argv[1]) == "--vanishing-client") return tandem::test::VanishingClient(argv[2]);
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

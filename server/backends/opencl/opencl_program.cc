@@ -125,7 +125,11 @@ Status OpenCLBackend::OnModuleBuild(const ir::ModuleBuildReq& req, ir::ModuleBui
   if (!m.ok()) return m.status();
   cl_program prog = m.value()->program.get();
   cl_device_id dev = devices_[m.value()->device].id;
-  rep->status = clBuildProgram(prog, 1, &dev, req.options.c_str(), nullptr, nullptr);
+  // Argument facts (qualifiers, names) are only kept with -cl-kernel-arg-info; the client
+  // needs them to launch, so every build asks for them.
+  std::string options = req.options;
+  if (options.find("-cl-kernel-arg-info") == std::string::npos) options += " -cl-kernel-arg-info";
+  rep->status = clBuildProgram(prog, 1, &dev, options.c_str(), nullptr, nullptr);
   cl_int err = QueryString(
       [&](size_t n, void* v, size_t* r) { return clGetProgramBuildInfo(prog, dev, CL_PROGRAM_BUILD_LOG, n, v, r); },
       &rep->log);

@@ -1,0 +1,388 @@
+// Tier 2: the OpenCL backend in process, on PoCL: memory commands, programs from source
+// and binary, launches with every argument kind, events and profiling, RMA through a
+// chunked in-memory BulkIO, and the validation every wire field gets.
+#define CL_TARGET_OPENCL_VERSION 300
+#include <CL/cl.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <numeric>
+
+#include "tandem/server/backend.h"
+
+namespace tandem::server {
+namespace {
+
+// A BulkIO whose "client memory" is this process: Region.addr is a host pointer. Small
+// chunks make every transfer go through several of them.
+class MemoryBulk : public BulkIO {
+ public:
+  static constexpr size_t kChunk = 1000;
+  int chunks = 0;
+  Status Pull(const ir::Region& remote, size_t len,
+              const std::function<Status(const uint8_t*, size_t, size_t)>& sink) override {
+    if (len > remote.len) return Status::Invalid("too long");
+    const auto* src = reinterpret_cast<const uint8_t*>(remote.addr);
+    for (size_t off = 0; off < len; off += kChunk, ++chunks) {
+      std::vector<uint8_t> staging(src + off, src + off + std::min(kChunk, len - off));
+      TANDEM_RETURN_IF_ERROR(sink(staging.data(), off, staging.size()));
+    }
+    return Status::Ok();
+  }
+  Status Push(const ir::Region& remote, size_t len,
+              const std::function<Status(uint8_t*, size_t, size_t)>& source) override {
+    if (len > remote.len) return Status::Invalid("too long");
+    auto* dst = reinterpret_cast<uint8_t*>(remote.addr);
+    for (size_t off = 0; off < len; off += kChunk, ++chunks) {
+      std::vector<uint8_t> staging(std::min(kChunk, len - off));
+      TANDEM_RETURN_IF_ERROR(source(staging.data(), off, staging.size()));
+      std::memcpy(dst + off, staging.data(), staging.size());
+    }
+    return Status::Ok();
+  }
+};
+
+ir::bytes Bytes(const std::string& s) { return ir::bytes(s.begin(), s.end()); }
+template <class T>
+ir::bytes ValueBytes(const T& v) {
+  ir::bytes b(sizeof(T));
+  std::memcpy(b.data(), &v, sizeof(T));
+  return b;
+}
+
+class OpenCLBackendTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto b = MakeOpenCLBackend(BackendOptions{});
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    be_ = std::move(b.value());
+    be_->set_bulk(&bulk_);
+  }
+
+  void Alloc(uint64_t h, uint64_t size) {
+    ir::BufferAllocRep rep;
+    ASSERT_TRUE(be_->OnBufferAlloc({h, 0, size, 0, 0}, &rep).ok());
+  }
+  Status Write(uint64_t h, uint64_t off, const ir::bytes& data, ir::u64s wait = {}, uint64_t signal = 0) {
+    ir::BufferWriteRep rep;
+    return be_->OnBufferWrite({0, h, off, data.size(), data, {}, std::move(wait), signal}, &rep);
+  }
+  ir::bytes Read(uint64_t h, uint64_t off, uint64_t size) {
+    ir::BufferReadRep rep;
+    Status st = be_->OnBufferRead({0, h, off, size, {}, {}, 0}, &rep);
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    return rep.data;
+  }
+  ir::ModuleBuildRep Build(uint64_t module, const std::string& src, const std::string& options = "") {
+    ir::ModuleLoadRep lrep;
+    EXPECT_TRUE(
+        be_->OnModuleLoad({module, 0, static_cast<uint32_t>(ir::ModuleKind::kOpenCLSource), Bytes(src)}, &lrep).ok());
+    ir::ModuleBuildRep rep;
+    Status st = be_->OnModuleBuild({module, options}, &rep);
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    return rep;
+  }
+
+  MemoryBulk bulk_;
+  std::unique_ptr<Backend> be_;
+};
+
+TEST_F(OpenCLBackendTest, DeviceInfoCarriesRawProperties) {
+  ASSERT_GE(be_->device_count(), 1u);
+  ir::DeviceInfoRep rep;
+  ASSERT_TRUE(be_->OnDeviceInfo({0}, &rep).ok());
+  EXPECT_EQ(rep.api, static_cast<uint32_t>(Api::kOpenCL));
+  EXPECT_FALSE(rep.name.empty());
+  bool name = false, type = false, platform = false, handle = false;
+  for (const auto& p : rep.props) {
+    if (p.key == CL_DEVICE_NAME) name = std::string(p.value.begin(), p.value.end() - 1) == rep.name;
+    if (p.key == CL_DEVICE_TYPE) type = p.value.size() == sizeof(cl_device_type);
+    if (p.key == CL_PLATFORM_NAME) platform = true;
+    if (p.key == CL_DEVICE_PLATFORM) handle = true;
+  }
+  EXPECT_TRUE(name && type && platform);
+  EXPECT_FALSE(handle);
+  EXPECT_EQ(be_->OnDeviceInfo({99}, &rep).code(), Code::kInvalidArgument);
+}
+
+TEST_F(OpenCLBackendTest, WriteReadCopyFillRect) {
+  Alloc(1, 4096);
+  Alloc(2, 4096);
+  ir::bytes data(1024);
+  std::iota(data.begin(), data.end(), 0);
+  ASSERT_TRUE(Write(1, 100, data).ok());
+  EXPECT_EQ(Read(1, 100, 1024), data);
+
+  ir::BufferCopyRep crep;
+  ASSERT_TRUE(be_->OnBufferCopy({0, 1, 100, 2, 0, 1024, {}, 0}, &crep).ok());
+  EXPECT_EQ(Read(2, 0, 1024), data);
+
+  ir::BufferFillRep frep;
+  ASSERT_TRUE(be_->OnBufferFill({0, 2, 2048, 64, {0xAB, 0xCD}, {}, 0}, &frep).ok());
+  ir::bytes filled = Read(2, 2048, 64);
+  for (size_t i = 0; i < 64; ++i) ASSERT_EQ(filled[i], i % 2 ? 0xCD : 0xAB);
+
+  // A 4x3 rectangle from rows of 16 bytes at (2,1) to rows of 8 bytes at (0,0).
+  Alloc(3, 256);
+  Alloc(4, 256);
+  ir::bytes src(256);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i % 251);
+  ASSERT_TRUE(Write(3, 0, src).ok());
+  ASSERT_TRUE(Write(4, 0, ir::bytes(256, 0)).ok());
+  ir::BufferCopyRectRep rrep;
+  Status st = be_->OnBufferCopyRect({0, 3, 4, {2, 1, 0}, {0, 0, 0}, {4, 3, 1}, {16, 0, 8, 0}, {}, 0}, &rrep);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  ir::bytes rect = Read(4, 0, 24);
+  for (size_t y = 0; y < 3; ++y)
+    for (size_t x = 0; x < 4; ++x) EXPECT_EQ(rect[y * 8 + x], src[(1 + y) * 16 + 2 + x]) << x << "," << y;
+}
+
+TEST_F(OpenCLBackendTest, RmaWriteAndReadGoThroughChunks) {
+  constexpr size_t kSize = 10 * MemoryBulk::kChunk + 123;
+  Alloc(1, kSize + 8);
+  ir::bytes host(kSize), back(kSize);
+  for (size_t i = 0; i < kSize; ++i) host[i] = static_cast<uint8_t>(i * 13);
+  ir::BufferWriteRep wrep;
+  Status st = be_->OnBufferWrite(
+      {0, 1, 8, kSize, {}, ir::Region{reinterpret_cast<uint64_t>(host.data()), kSize, 1}, {}, 0}, &wrep);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  ir::BufferReadRep rrep;
+  st = be_->OnBufferRead({0, 1, 8, kSize, ir::Region{reinterpret_cast<uint64_t>(back.data()), kSize, 1}, {}, 0}, &rrep);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_TRUE(rrep.data.empty());
+  EXPECT_EQ(back, host);
+  EXPECT_EQ(bulk_.chunks, 22);
+  // Inline data and a remote region at once is a contradiction.
+  st = be_->OnBufferWrite({0, 1, 0, 4, {1, 2, 3, 4}, ir::Region{1, 4, 1}, {}, 0}, &wrep);
+  EXPECT_EQ(st.code(), Code::kInvalidArgument);
+}
+
+constexpr const char* kKernels = R"(
+typedef struct { int a; float b; } pair_t;
+__kernel void combine(__global int* out, int s, pair_t p, __local int* tmp) {
+  size_t l = get_local_id(0);
+  tmp[l] = s + p.a;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  out[get_global_id(0)] = tmp[(l + 1) % get_local_size(0)] + (int)p.b + (int)get_global_id(0);
+}
+__kernel void twice(__global float* x) { x[get_global_id(0)] *= 2.0f; }
+)";
+
+TEST_F(OpenCLBackendTest, BuildFromSourceThenFromItsBinary) {
+  ir::ModuleBuildRep rep = Build(10, kKernels);
+  ASSERT_EQ(rep.status, CL_SUCCESS) << rep.log;
+  ASSERT_EQ(rep.functions.size(), 2u);
+  const ir::FunctionInfo* mix = nullptr;  // the "combine" kernel
+  for (const auto& f : rep.functions)
+    if (f.name == "combine") mix = &f;
+  ASSERT_NE(mix, nullptr);
+  ASSERT_EQ(mix->num_params, 4u);
+  EXPECT_EQ(mix->params[0].kind, static_cast<uint32_t>(ir::ParamKind::kGlobal));
+  EXPECT_EQ(mix->params[1].kind, static_cast<uint32_t>(ir::ParamKind::kValue));
+  EXPECT_EQ(mix->params[3].kind, static_cast<uint32_t>(ir::ParamKind::kLocal));
+  EXPECT_EQ(mix->params[0].name, "out");
+  EXPECT_GT(mix->max_block, 0u);
+  EXPECT_EQ(mix->compile_block.size(), 3u);
+  ASSERT_EQ(mix->attrs.size(), 1u);
+  EXPECT_EQ(mix->attrs[0].key, static_cast<uint32_t>(CL_KERNEL_ATTRIBUTES));
+
+  ir::ModuleBinaryRep bin;
+  ASSERT_TRUE(be_->OnModuleBinary({10}, &bin).ok());
+  ASSERT_FALSE(bin.binary.empty());
+  ir::ModuleLoadRep lrep;
+  ASSERT_TRUE(be_->OnModuleLoad({11, 0, static_cast<uint32_t>(ir::ModuleKind::kOpenCLBinary), bin.binary}, &lrep).ok());
+  ir::ModuleBuildRep rep2;
+  ASSERT_TRUE(be_->OnModuleBuild({11, ""}, &rep2).ok());
+  EXPECT_EQ(rep2.status, CL_SUCCESS) << rep2.log;
+  EXPECT_EQ(rep2.functions.size(), 2u);
+
+  // A binary that is not one is refused with OpenCL's code.
+  Status st = be_->OnModuleLoad({12, 0, static_cast<uint32_t>(ir::ModuleKind::kOpenCLBinary), Bytes("junk")}, &lrep);
+  EXPECT_EQ(st.code(), Code::kApiError);
+  EXPECT_EQ(st.api(), Api::kOpenCL);
+}
+
+TEST_F(OpenCLBackendTest, FailingBuildReturnsItsLog) {
+  ir::ModuleBuildRep rep = Build(20, "__kernel void broken(__global int* a) { a[0] = undefined_thing; }");
+  EXPECT_EQ(rep.status, CL_BUILD_PROGRAM_FAILURE);
+  EXPECT_NE(rep.log.find("undefined_thing"), std::string::npos) << rep.log;
+  EXPECT_TRUE(rep.functions.empty());
+}
+
+TEST_F(OpenCLBackendTest, LaunchWithBufferScalarStructAndLocalArgs) {
+  ASSERT_EQ(Build(30, kKernels).status, CL_SUCCESS);
+  ir::FunctionGetRep frep;
+  ASSERT_TRUE(be_->OnFunctionGet({31, 30, "combine"}, &frep).ok());
+  EXPECT_EQ(frep.info.num_params, 4u);
+  Alloc(1, 64 * 4);
+  struct {
+    int32_t a;
+    float b;
+  } pair{5, 2.0f};
+  ir::LaunchReq l;
+  l.function = 31;
+  l.dims = 1;
+  l.grid = {64};
+  l.block = {16};
+  l.args = {{static_cast<uint32_t>(ir::ArgKind::kBuffer), 1, {}},
+            {static_cast<uint32_t>(ir::ArgKind::kBytes), 0, ValueBytes(int32_t{100})},
+            {static_cast<uint32_t>(ir::ArgKind::kBytes), 0, ValueBytes(pair)},
+            {static_cast<uint32_t>(ir::ArgKind::kLocal), 16 * 4, {}}};
+  ir::LaunchRep lrep;
+  Status st = be_->OnLaunch(l, &lrep);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  ir::bytes out = Read(1, 0, 64 * 4);
+  for (int i = 0; i < 64; ++i) {
+    int32_t v;
+    std::memcpy(&v, out.data() + 4 * i, 4);
+    EXPECT_EQ(v, 100 + 5 + 2 + i);
+  }
+  // With a global offset, and with the local size left to the runtime.
+  l.function = 32;
+  ASSERT_TRUE(be_->OnFunctionGet({32, 30, "twice"}, &frep).ok());
+  Alloc(2, 8 * 4);
+  std::vector<float> ones(8, 1.0f);
+  ASSERT_TRUE(Write(2, 0, ir::bytes(reinterpret_cast<uint8_t*>(ones.data()), reinterpret_cast<uint8_t*>(ones.data()) + 32)).ok());
+  l.grid = {4};
+  l.block = {};
+  l.offset = {4};
+  l.args = {{static_cast<uint32_t>(ir::ArgKind::kBuffer), 2, {}}};
+  ASSERT_TRUE(be_->OnLaunch(l, &lrep).ok());
+  ir::bytes floats = Read(2, 0, 32);
+  std::vector<float> got(8);
+  std::memcpy(got.data(), floats.data(), 32);
+  EXPECT_EQ(got, (std::vector<float>{1, 1, 1, 1, 2, 2, 2, 2}));
+}
+
+TEST_F(OpenCLBackendTest, EventsUserEventsAndProfiling) {
+  ir::StreamCreateRep srep;
+  ASSERT_TRUE(be_->OnStreamCreate({40, 0, ir::kStreamProfiling, 0}, &srep).ok());
+  ir::EventCreateRep erep;
+  ASSERT_TRUE(be_->OnEventCreate({41, 0, ir::kEventUser}, &erep).ok());
+  Alloc(1, 16);
+  // A write that waits on the user event stays queued until the client sets it.
+  ir::BufferWriteRep wrep;
+  ASSERT_TRUE(be_->OnBufferWrite({40, 1, 0, 4, {1, 2, 3, 4}, {}, {41}, 42}, &wrep).ok());
+  ir::EventQueryRep q;
+  ASSERT_TRUE(be_->OnEventQuery({42}, &q).ok());
+  EXPECT_GT(q.status, CL_COMPLETE);
+  ir::UserEventSetRep urep;
+  ASSERT_TRUE(be_->OnUserEventSet({41, CL_COMPLETE}, &urep).ok());
+  ir::EventWaitRep wait;
+  ASSERT_TRUE(be_->OnEventWait({{42, 41}}, &wait).ok());
+  EXPECT_EQ(wait.statuses, (ir::i32s{CL_COMPLETE, CL_COMPLETE}));
+  ir::EventTimesRep t;
+  Status st = be_->OnEventTimes({42}, &t);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_LE(t.queued, t.submit);
+  EXPECT_LE(t.submit, t.start);
+  EXPECT_LE(t.start, t.end);
+  // Marker and barrier signal events too; a user event cannot be bound as a signal.
+  ir::MarkerRep mrep;
+  ASSERT_TRUE(be_->OnMarker({40, 0, {42}, 43}, &mrep).ok());
+  ASSERT_TRUE(be_->OnMarker({40, 1, {}, 44}, &mrep).ok());
+  EXPECT_EQ(be_->OnMarker({40, 0, {}, 41}, &mrep).code(), Code::kInvalidArgument);
+  ir::StreamSyncRep sync;
+  ASSERT_TRUE(be_->OnStreamSync({40}, &sync).ok());
+  ASSERT_TRUE(be_->OnEventQuery({44}, &q).ok());
+  EXPECT_EQ(q.status, CL_COMPLETE);
+  ir::DeviceSyncRep dsync;
+  EXPECT_TRUE(be_->OnDeviceSync({0}, &dsync).ok());
+  ir::EventDestroyRep drep;
+  EXPECT_TRUE(be_->OnEventDestroy({42}, &drep).ok());
+  EXPECT_EQ(be_->OnEventQuery({42}, &q).code(), Code::kUnknownHandle);
+  ir::StreamDestroyRep sdrep;
+  EXPECT_TRUE(be_->OnStreamDestroy({40}, &sdrep).ok());
+}
+
+TEST_F(OpenCLBackendTest, ValidationErrors) {
+  Alloc(1, 100);
+  ir::BufferAllocRep arep;
+  EXPECT_EQ(be_->OnBufferAlloc({1, 0, 8, 0, 0}, &arep).code(), Code::kInvalidArgument);   // live handle
+  EXPECT_EQ(be_->OnBufferAlloc({0, 0, 8, 0, 0}, &arep).code(), Code::kInvalidArgument);   // handle 0
+  EXPECT_EQ(be_->OnBufferAlloc({2, 0, 0, 0, 0}, &arep).code(), Code::kInvalidArgument);   // size 0
+  EXPECT_EQ(be_->OnBufferAlloc({2, 7, 8, 0, 0}, &arep).code(), Code::kInvalidArgument);   // device
+  EXPECT_EQ(be_->OnBufferAlloc({2, 0, 8, 64, 0}, &arep).code(), Code::kInvalidArgument);  // flags
+
+  // Out of range, including offsets that would overflow a naive offset + size.
+  EXPECT_EQ(Write(1, 90, ir::bytes(11)).code(), Code::kInvalidArgument);
+  EXPECT_EQ(Write(1, ~0ull - 2, ir::bytes(4)).code(), Code::kInvalidArgument);
+  ir::BufferReadRep rrep;
+  EXPECT_EQ(be_->OnBufferRead({0, 1, 0, 101, {}, {}, 0}, &rrep).code(), Code::kInvalidArgument);
+  EXPECT_EQ(be_->OnBufferRead({0, 9, 0, 1, {}, {}, 0}, &rrep).code(), Code::kUnknownHandle);
+  ir::BufferCopyRep crep;
+  EXPECT_EQ(be_->OnBufferCopy({0, 1, 50, 1, 0, 51, {}, 0}, &crep).code(), Code::kInvalidArgument);
+  EXPECT_EQ(be_->OnBufferCopy({0, 1, 0, 9, 0, 1, {}, 0}, &crep).code(), Code::kUnknownHandle);
+  ir::BufferWriteRep wrep;
+  EXPECT_EQ(be_->OnBufferWrite({0, 1, 0, 8, {1, 2, 3}, {}, {}, 0}, &wrep).code(), Code::kInvalidArgument);
+  EXPECT_EQ(be_->OnBufferWrite({77, 1, 0, 3, {1, 2, 3}, {}, {}, 0}, &wrep).code(), Code::kUnknownHandle);
+  EXPECT_EQ(be_->OnBufferWrite({0, 1, 0, 3, {1, 2, 3}, {}, {55}, 0}, &wrep).code(), Code::kUnknownHandle);
+
+  // Fill patterns: a power of two up to 128 bytes, dividing offset and size.
+  ir::BufferFillRep frep;
+  EXPECT_EQ(be_->OnBufferFill({0, 1, 0, 12, {1, 2, 3}, {}, 0}, &frep).code(), Code::kInvalidArgument);
+  EXPECT_EQ(be_->OnBufferFill({0, 1, 0, 12, {}, {}, 0}, &frep).code(), Code::kInvalidArgument);
+  EXPECT_EQ(be_->OnBufferFill({0, 1, 0, 10, {1, 2, 3, 4}, {}, 0}, &frep).code(), Code::kInvalidArgument);
+  EXPECT_EQ(be_->OnBufferFill({0, 1, 2, 8, {1, 2, 3, 4}, {}, 0}, &frep).code(), Code::kInvalidArgument);
+
+  // Rectangles: three values per vector, four pitches, inside both buffers.
+  ir::BufferCopyRectRep rect;
+  EXPECT_EQ(be_->OnBufferCopyRect({0, 1, 1, {0, 0}, {0, 0, 0}, {1, 1, 1}, {0, 0, 0, 0}, {}, 0}, &rect).code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(be_->OnBufferCopyRect({0, 1, 1, {0, 0, 0}, {0, 0, 0}, {10, 11, 1}, {10, 0, 10, 0}, {}, 0}, &rect).code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(be_->OnBufferCopyRect({0, 1, 1, {0, ~0ull, 0}, {0, 0, 0}, {1, 2, 1}, {0, 0, 0, 0}, {}, 0}, &rect).code(),
+            Code::kInvalidArgument);
+
+  // Modules and launches.
+  ir::ModuleLoadRep lrep;
+  EXPECT_EQ(be_->OnModuleLoad({5, 0, 99, Bytes("x")}, &lrep).code(), Code::kInvalidArgument);
+  EXPECT_EQ(be_->OnModuleLoad({5, 0, 1, {}}, &lrep).code(), Code::kInvalidArgument);
+  ASSERT_EQ(Build(5, kKernels).status, CL_SUCCESS);
+  ir::FunctionGetRep frep2;
+  Status st = be_->OnFunctionGet({6, 5, "nope"}, &frep2);
+  EXPECT_EQ(st.code(), Code::kApiError);
+  EXPECT_EQ(st.native(), CL_INVALID_KERNEL_NAME);
+  ASSERT_TRUE(be_->OnFunctionGet({6, 5, "twice"}, &frep2).ok());
+  EXPECT_EQ(be_->OnFunctionGet({6, 5, "twice"}, &frep2).code(), Code::kInvalidArgument);
+  ir::LaunchReq l;
+  l.function = 6;
+  l.dims = 4;
+  l.grid = {1, 1, 1, 1};
+  l.args = {{static_cast<uint32_t>(ir::ArgKind::kBuffer), 1, {}}};
+  ir::LaunchRep launch;
+  EXPECT_EQ(be_->OnLaunch(l, &launch).code(), Code::kInvalidArgument);  // 4 dims
+  l.dims = 2;
+  l.grid = {4};
+  EXPECT_EQ(be_->OnLaunch(l, &launch).code(), Code::kInvalidArgument);  // grid size != dims
+  l.dims = 1;
+  l.block = {1, 1};
+  EXPECT_EQ(be_->OnLaunch(l, &launch).code(), Code::kInvalidArgument);  // block size != dims
+  l.block = {};
+  l.grid = {0};
+  EXPECT_EQ(be_->OnLaunch(l, &launch).code(), Code::kInvalidArgument);  // empty grid
+  l.grid = {4};
+  l.args = {};
+  EXPECT_EQ(be_->OnLaunch(l, &launch).code(), Code::kInvalidArgument);  // argument count
+  l.args = {{static_cast<uint32_t>(ir::ArgKind::kBuffer), 99, {}}};
+  EXPECT_EQ(be_->OnLaunch(l, &launch).code(), Code::kUnknownHandle);
+  l.args = {{9, 1, {}}};
+  EXPECT_EQ(be_->OnLaunch(l, &launch).code(), Code::kInvalidArgument);  // arg kind
+  l.function = 60;
+  EXPECT_EQ(be_->OnLaunch(l, &launch).code(), Code::kUnknownHandle);
+
+  // Streams, events.
+  ir::StreamCreateRep srep;
+  EXPECT_EQ(be_->OnStreamCreate({8, 0, 64, 0}, &srep).code(), Code::kInvalidArgument);
+  ir::StreamSyncRep sync;
+  EXPECT_EQ(be_->OnStreamSync({123}, &sync).code(), Code::kUnknownHandle);
+  ir::UserEventSetRep urep;
+  ir::EventCreateRep erep;
+  ASSERT_TRUE(be_->OnEventCreate({9, 0, 0}, &erep).ok());
+  EXPECT_EQ(be_->OnUserEventSet({9, 0}, &urep).code(), Code::kInvalidArgument);  // not a user event
+  ir::EventTimesRep times;
+  EXPECT_EQ(be_->OnEventTimes({9}, &times).code(), Code::kApiError);  // never signalled
+}
+
+}  // namespace
+}  // namespace tandem::server

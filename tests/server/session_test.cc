@@ -1,0 +1,231 @@
+// Tier 1: the session layer over the in-memory backend: authentication, the generated
+// dispatch table's defined answers, malformed input, deferred asynchronous errors, failed
+// signal events, pings and output notifications.
+#include <gtest/gtest.h>
+
+#include "memory_backend.h"
+#include "tandem/server/session.h"
+
+namespace tandem::server {
+namespace {
+
+constexpr uint64_t kKey = 0xfeedface;
+
+struct Reply {
+  ir::RecordHeader header;
+  ir::ReplyHead head;
+  std::vector<uint8_t> fields;
+};
+
+std::vector<Reply> Parse(const std::vector<uint8_t>& msg) {
+  std::vector<ir::Record> records;
+  Status st = ir::ParseBatch(msg, ir::BatchKind::kReplies, &records);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  std::vector<Reply> out;
+  for (const auto& r : records) {
+    Reply rep{r.header, {}, {}};
+    if (r.header.seq != 0 || r.header.opcode != static_cast<uint16_t>(ir::Opcode::kOutput)) {
+      ir::Reader rd(r.payload);
+      EXPECT_TRUE(ir::DecodeReplyHead(rd, &rep.head).ok());
+      rep.fields.assign(rd.cursor(), rd.cursor() + rd.remaining());
+    } else {
+      rep.fields.assign(r.payload.begin(), r.payload.end());
+    }
+    out.push_back(std::move(rep));
+  }
+  return out;
+}
+
+class SessionTest : public ::testing::Test {
+ protected:
+  void Attach() {
+    ir::BatchWriter w(ir::BatchKind::kRequests);
+    w.AddRequest(ir::AttachReq{kKey}, 1);
+    BatchOutcome out = session_.HandleBatch(w.Finish());
+    ASSERT_FALSE(out.refuse_peer);
+    auto replies = Parse(out.reply);
+    ASSERT_EQ(replies.size(), 1u);
+    ASSERT_TRUE(replies[0].head.status.ok()) << replies[0].head.status.ToString();
+  }
+  std::vector<Reply> Run(ir::BatchWriter& w) {
+    BatchOutcome out = session_.HandleBatch(w.Finish());
+    return out.reply.empty() ? std::vector<Reply>{} : Parse(out.reply);
+  }
+
+  test::MemoryBackend backend_;
+  Session session_{&backend_, kKey};
+};
+
+TEST_F(SessionTest, FirstRequestMustBeAttachWithTheKey) {
+  ir::BatchWriter w(ir::BatchKind::kRequests);
+  w.AddRequest(ir::BufferAllocReq{1, 0, 16, 0, 0}, 1);
+  BatchOutcome out = session_.HandleBatch(w.Finish());
+  EXPECT_TRUE(out.refuse_peer);
+  EXPECT_EQ(Parse(out.reply)[0].head.status.code(), Code::kAuth);
+  EXPECT_EQ(backend_.calls, 0);
+
+  w.AddRequest(ir::AttachReq{kKey + 1}, 2);
+  out = session_.HandleBatch(w.Finish());
+  EXPECT_TRUE(out.refuse_peer);
+  EXPECT_FALSE(session_.attached());
+
+  out = session_.HandleBatch(std::vector<uint8_t>{1, 2, 3});
+  EXPECT_TRUE(out.refuse_peer);
+  Attach();
+  EXPECT_TRUE(session_.attached());
+}
+
+TEST_F(SessionTest, MalformedInputGetsClearErrorsAndTheSessionGoesOn) {
+  Attach();
+  // Garbage, a wrong magic and a truncated batch: one error record each.
+  for (std::vector<uint8_t> bad : {std::vector<uint8_t>{0xde, 0xad}, std::vector<uint8_t>(16, 0)}) {
+    auto r = Parse(session_.HandleBatch(bad).reply);
+    ASSERT_EQ(r.size(), 1u);
+    EXPECT_EQ(r[0].head.status.code(), Code::kProtocol);
+  }
+  ir::BatchWriter w(ir::BatchKind::kRequests);
+  w.AddRequest(ir::PingReq{1}, 5);
+  std::vector<uint8_t> good = w.Finish();
+  std::vector<uint8_t> truncated(good.begin(), good.end() - 3);
+  auto r = Parse(session_.HandleBatch(truncated).reply);
+  EXPECT_EQ(r[0].head.status.code(), Code::kProtocol);
+  std::vector<uint8_t> trailing = good;
+  trailing.push_back(0);
+  r = Parse(session_.HandleBatch(trailing).reply);
+  EXPECT_EQ(r[0].head.status.code(), Code::kProtocol);
+
+  // Per record: an unknown opcode, a broker command, a short and an overlong payload,
+  // a server-to-client notification. Each is answered even though some are async.
+  w.AddRaw(0x7777, 0, 10, {});
+  w.AddRequest(ir::HelloReq{ir::kMagic, ir::kProtocolVersion, 0, "", ""}, 11);
+  w.AddRaw(static_cast<uint16_t>(ir::Opcode::kBufferAlloc), 0, 12, std::vector<uint8_t>(5, 0));
+  w.AddRaw(static_cast<uint16_t>(ir::Opcode::kPing), 0, 13, std::vector<uint8_t>(9, 0));
+  w.AddRequest(ir::OutputReq{1, {}}, 14);
+  w.AddRequest(ir::PingReq{77}, 15);
+  r = Run(w);
+  ASSERT_EQ(r.size(), 6u);
+  EXPECT_EQ(r[0].head.status.code(), Code::kUnimplemented);
+  EXPECT_NE(r[0].head.status.message().find("0x7777"), std::string::npos);
+  EXPECT_EQ(r[1].head.status.code(), Code::kProtocol);
+  EXPECT_NE(r[1].head.status.message().find("broker"), std::string::npos);
+  EXPECT_EQ(r[2].head.status.code(), Code::kProtocol);
+  EXPECT_NE(r[2].head.status.message().find("malformed BufferAlloc"), std::string::npos);
+  EXPECT_EQ(r[3].head.status.code(), Code::kProtocol);
+  EXPECT_NE(r[3].head.status.message().find("trailing bytes"), std::string::npos);
+  EXPECT_EQ(r[4].head.status.code(), Code::kProtocol);
+  EXPECT_TRUE(r[5].head.status.ok());
+  EXPECT_EQ(r[5].header.seq, 15u);
+  EXPECT_EQ(backend_.calls, 0);
+}
+
+TEST_F(SessionTest, AsyncFailuresAreDeferredToTheNextReply) {
+  Attach();
+  ir::BatchWriter w(ir::BatchKind::kRequests);
+  w.AddRequest(ir::BufferAllocReq{1, 0, 16, 0, 0}, 20);
+  w.AddRequest(ir::BufferAllocReq{1, 0, 16, 0, 0}, 21);  // live handle: fails, no reply
+  w.AddRequest(ir::BufferCopyReq{0, 1, 8, 1, 0, 16, {}, 30}, 22);  // out of range, signal 30
+  EXPECT_TRUE(Run(w).empty());
+  // Want-reply turns an async command's result into a reply of its own.
+  w.AddRequest(ir::BufferFreeReq{99}, 23, ir::kRecordWantReply);
+  w.AddRequest(ir::DeviceSyncReq{0}, 24);
+  w.AddRequest(ir::DeviceSyncReq{0}, 25);
+  auto r = Run(w);
+  ASSERT_EQ(r.size(), 3u);
+  EXPECT_EQ(r[0].head.status.code(), Code::kUnknownHandle);
+  ASSERT_EQ(r[0].head.deferred.size(), 2u);
+  EXPECT_EQ(r[0].head.deferred[0].seq, 21u);
+  EXPECT_EQ(r[0].head.deferred[0].opcode, static_cast<uint32_t>(ir::Opcode::kBufferAlloc));
+  EXPECT_EQ(r[0].head.deferred[1].seq, 22u);
+  EXPECT_EQ(r[0].head.deferred[1].signal, 30u);
+  EXPECT_EQ(r[0].head.deferred[1].code, static_cast<uint32_t>(Code::kInvalidArgument));
+  EXPECT_TRUE(r[1].head.deferred.empty());  // delivered once
+  EXPECT_TRUE(r[2].head.status.ok());
+}
+
+TEST_F(SessionTest, FailedSignalsAnswerQueriesAndFailTheirWaiters) {
+  Attach();
+  ir::BatchWriter w(ir::BatchKind::kRequests);
+  w.AddRequest(ir::BufferAllocReq{1, 0, 16, 0, 0}, 1);
+  w.AddRequest(ir::BufferWriteReq{0, 1, 0, 4, {1, 2, 3, 4}, {}, {}, 40}, 2);       // ok: event 40
+  w.AddRequest(ir::BufferWriteReq{0, 1, 14, 4, {1, 2, 3, 4}, {}, {}, 41}, 3);      // fails: event 41
+  w.AddRequest(ir::BufferFillReq{0, 1, 0, 16, {7}, {41}, 42}, 4);                  // waits on 41: fails
+  w.AddRequest(ir::EventQueryReq{41}, 5);
+  w.AddRequest(ir::EventWaitReq{{40, 41, 42}}, 6);
+  w.AddRequest(ir::EventDestroyReq{41}, 7, ir::kRecordWantReply);
+  w.AddRequest(ir::EventQueryReq{41}, 8);
+  auto r = Run(w);
+  ASSERT_EQ(r.size(), 4u);
+  ASSERT_EQ(r[0].head.deferred.size(), 2u);
+  EXPECT_NE(r[0].head.deferred[1].message.find("waits on event 41"), std::string::npos);
+  ir::EventQueryRep q;
+  ir::Reader rd(r[0].fields);
+  ASSERT_TRUE(ir::Get(rd, &q));
+  EXPECT_LT(q.status, 0);
+  ir::EventWaitRep ew;
+  ir::Reader rd2(r[1].fields);
+  ASSERT_TRUE(ir::Get(rd2, &ew));
+  ASSERT_EQ(ew.statuses.size(), 3u);
+  EXPECT_EQ(ew.statuses[0], 0);
+  EXPECT_LT(ew.statuses[1], 0);
+  EXPECT_LT(ew.statuses[2], 0);
+  EXPECT_TRUE(r[2].head.status.ok());                           // destroying a failed event
+  EXPECT_EQ(r[3].head.status.code(), Code::kUnknownHandle);     // then it is gone
+}
+
+TEST_F(SessionTest, PingsAreAnsweredOffTheExecutorOnlyWhenAlone) {
+  ir::BatchWriter w(ir::BatchKind::kRequests);
+  w.AddRequest(ir::PingReq{5}, 1);
+  std::vector<uint8_t> ping = w.Finish();
+  EXPECT_FALSE(session_.AnswerPings(ping).has_value());  // not attached yet
+  Attach();
+  auto pong = session_.AnswerPings(ping);
+  ASSERT_TRUE(pong.has_value());
+  auto r = Parse(*pong);
+  ASSERT_EQ(r.size(), 1u);
+  ir::PingRep p;
+  ir::Reader rd(r[0].fields);
+  ASSERT_TRUE(ir::Get(rd, &p));
+  EXPECT_EQ(p.nonce, 5u);
+  w.AddRequest(ir::PingReq{6}, 2);
+  w.AddRequest(ir::DeviceSyncReq{0}, 3);
+  EXPECT_FALSE(session_.AnswerPings(w.Finish()).has_value());
+}
+
+TEST_F(SessionTest, OutputPrecedesTheRepliesOfItsBatch) {
+  Attach();
+  backend_.pending_output = {{1, "hello from a kernel\n"}};
+  ir::BatchWriter w(ir::BatchKind::kRequests);
+  w.AddRequest(ir::DeviceSyncReq{0}, 9);
+  auto r = Run(w);
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0].header.opcode, static_cast<uint16_t>(ir::Opcode::kOutput));
+  EXPECT_EQ(r[0].header.seq, 0u);
+  ir::OutputReq o;
+  ASSERT_TRUE(ir::DecodeRequest(r[0].fields, &o).ok());
+  EXPECT_EQ(std::string(o.data.begin(), o.data.end()), "hello from a kernel\n");
+  EXPECT_EQ(r[1].header.seq, 9u);
+}
+
+TEST_F(SessionTest, DeferredErrorsAreBounded) {
+  Attach();
+  ir::BatchWriter w(ir::BatchKind::kRequests);
+  for (int i = 0; i < 300; ++i) w.AddRequest(ir::BufferFreeReq{1000u + i}, 100 + i);
+  w.AddRequest(ir::DeviceSyncReq{0}, 9);
+  auto r = Run(w);
+  ASSERT_EQ(r.size(), 1u);
+  ASSERT_EQ(r[0].head.deferred.size(), Session::kMaxDeferred + 1);
+  EXPECT_NE(r[0].head.deferred.back().message.find("44 more"), std::string::npos);
+}
+
+TEST_F(SessionTest, GoodbyeEndsTheBatch) {
+  Attach();
+  ir::BatchWriter w(ir::BatchKind::kRequests);
+  w.AddRequest(ir::GoodbyeReq{}, 1);
+  w.AddRequest(ir::DeviceSyncReq{0}, 2);
+  BatchOutcome out = session_.HandleBatch(w.Finish());
+  EXPECT_TRUE(out.goodbye);
+  EXPECT_TRUE(out.reply.empty());
+}
+
+}  // namespace
+}  // namespace tandem::server
