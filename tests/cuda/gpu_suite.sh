@@ -108,8 +108,8 @@ if [[ $(id -u) == 0 ]] && command -v unshare >/dev/null; then
   unshare -m bash -c '
     set -e
     empty=$(mktemp -d)
-    for d in /usr/local/cuda*/lib64 /usr/local/cuda*/targets/*/lib; do [[ -d $d ]] && mount --bind "$empty" "$d"; done
     for f in '"$hide"'; do mount --bind /dev/null "$f"; done
+    for d in /usr/local/cuda*/lib64 /usr/local/cuda*/targets/*/lib; do [[ -d $d ]] && mount --bind "$empty" "$d"; done
     echo "hidden from the client: /usr/local/cuda*/lib64 '"$hide"'" >&2
     if LD_LIBRARY_PATH= ldconfig -p | awk "/libcuda(rt)?\\.so/ {print \$NF}" | xargs -r cat 2>/dev/null | head -c 4 | grep -q ELF; then
       echo "a CUDA library is still readable" >&2; exit 99

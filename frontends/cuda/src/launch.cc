@@ -11,23 +11,22 @@ constexpr uint32_t kFuncMaxThreads = 0;       // CU_FUNC_ATTRIBUTE_MAX_THREADS_P
 constexpr uint32_t kFuncSharedBytes = 1;      // CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES
 constexpr uint32_t kFuncMaxDynShared = 8;     // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 
-// The checks CUDA makes before a launch reaches the GPU, from the device's limits.
+// The checks CUDA makes before a launch reaches the GPU, from the device's limits. CUDA 13
+// answers every one of them with cudaErrorInvalidValue (observed natively on driver 580),
+// where older runtimes said cudaErrorInvalidConfiguration.
 cudaError_t CheckConfig(const DeviceContext& d, dim3 grid, dim3 block, size_t shared) {
-  if (grid.x == 0 || grid.y == 0 || grid.z == 0 || block.x == 0 || block.y == 0 || block.z == 0)
-    return cudaErrorInvalidConfiguration;
   const uint64_t threads = uint64_t{block.x} * block.y * block.z;
-  if (threads > static_cast<uint64_t>(d.Attr(cudaDevAttrMaxThreadsPerBlock, 1024)) ||
-      block.x > static_cast<unsigned>(d.Attr(cudaDevAttrMaxBlockDimX, 1024)) ||
-      block.y > static_cast<unsigned>(d.Attr(cudaDevAttrMaxBlockDimY, 1024)) ||
-      block.z > static_cast<unsigned>(d.Attr(cudaDevAttrMaxBlockDimZ, 64)))
-    return cudaErrorInvalidConfiguration;
-  if (grid.x > static_cast<unsigned>(d.Attr(cudaDevAttrMaxGridDimX, 0x7fffffff)) ||
-      grid.y > static_cast<unsigned>(d.Attr(cudaDevAttrMaxGridDimY, 65535)) ||
-      grid.z > static_cast<unsigned>(d.Attr(cudaDevAttrMaxGridDimZ, 65535)))
-    return cudaErrorInvalidConfiguration;
-  if (shared > static_cast<size_t>(d.Attr(cudaDevAttrMaxSharedMemoryPerBlockOptin, 48 << 10)))
-    return cudaErrorInvalidConfiguration;
-  return cudaSuccess;
+  const bool bad_block = block.x == 0 || block.y == 0 || block.z == 0 ||
+                         threads > static_cast<uint64_t>(d.Attr(cudaDevAttrMaxThreadsPerBlock, 1024)) ||
+                         block.x > static_cast<unsigned>(d.Attr(cudaDevAttrMaxBlockDimX, 1024)) ||
+                         block.y > static_cast<unsigned>(d.Attr(cudaDevAttrMaxBlockDimY, 1024)) ||
+                         block.z > static_cast<unsigned>(d.Attr(cudaDevAttrMaxBlockDimZ, 64));
+  const bool bad_grid = grid.x == 0 || grid.y == 0 || grid.z == 0 ||
+                        grid.x > static_cast<unsigned>(d.Attr(cudaDevAttrMaxGridDimX, 0x7fffffff)) ||
+                        grid.y > static_cast<unsigned>(d.Attr(cudaDevAttrMaxGridDimY, 65535)) ||
+                        grid.z > static_cast<unsigned>(d.Attr(cudaDevAttrMaxGridDimZ, 65535));
+  const bool bad_shared = shared > static_cast<size_t>(d.Attr(cudaDevAttrMaxSharedMemoryPerBlockOptin, 48 << 10));
+  return bad_block || bad_grid || bad_shared ? cudaErrorInvalidValue : cudaSuccess;
 }
 
 cudaError_t Launch(const void* func, dim3 grid, dim3 block, void** args, size_t shared, cudaStream_t stream,
@@ -47,7 +46,7 @@ cudaError_t Launch(const void* func, dim3 grid, dim3 block, void** args, size_t 
   // Limits of this kernel (registers, __launch_bounds__, opted-in dynamic shared memory).
   const uint64_t threads = uint64_t{block.x} * block.y * block.z;
   if (threads > static_cast<uint64_t>(fn->Attr(kFuncMaxThreads, 1024))) return cudaErrorLaunchOutOfResources;
-  if (shared > static_cast<size_t>(fn->Attr(kFuncMaxDynShared, 48 << 10))) return cudaErrorInvalidConfiguration;
+  if (shared > static_cast<size_t>(fn->Attr(kFuncMaxDynShared, 48 << 10))) return cudaErrorInvalidValue;
 
   ir::LaunchReq req{.stream = s.handle,
                     .function = fn->handle,

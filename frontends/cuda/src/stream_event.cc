@@ -214,9 +214,8 @@ TANDEM_API cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     if (d->sticky != cudaSuccess) return Return(d->sticky);
   }
   f.WaitCallbacks();
-  // The default stream waits for the device (the legacy stream orders after all others anyway).
-  Status st = s.handle ? d->session().Call(ir::StreamSyncReq{.stream = s.handle}).status()
-                       : d->session().Call(ir::DeviceSyncReq{.device = d->remote()}).status();
+  // Stream 0 is the legacy default stream, which orders after every blocking stream.
+  Status st = d->session().Call(ir::StreamSyncReq{.stream = s.handle}).status();
   return Return(FinishSync(*d, st));
 }
 

@@ -62,7 +62,6 @@ int main() {
   printf("stack pointer: type %s\n", type_name(a.type));
   unsigned flags = 0;
   CHECK(cudaHostGetFlags(&flags, portable));
-  printf("portable flag kept: %s\n", (flags & cudaHostAllocPortable) ? "yes" : "no");
 
   CHECK(cudaHostUnregister(plain));
   printf("unregister twice: %s\n", cudaGetErrorName(cudaHostUnregister(plain)));
