@@ -125,9 +125,13 @@ cl_int GetPlatformIDs(cl_uint num_entries, cl_platform_id* platforms, cl_uint* n
   return CL_SUCCESS;
 }
 
-// Tandem implements no extension entry points beyond the ICD's own.
+// Only the functions cl_khr_icd says a loader asks for: ocl-icd takes clGetPlatformInfo from
+// here when it is not an exported symbol. Tandem implements no other extension functions.
 void* GetExtensionFunctionAddress(const char* name) {
-  if (name && std::string_view(name) == "clIcdGetPlatformIDsKHR") return reinterpret_cast<void*>(&GetPlatformIDs);
+  if (!name) return nullptr;
+  std::string_view n(name);
+  if (n == "clIcdGetPlatformIDsKHR") return reinterpret_cast<void*>(&GetPlatformIDs);
+  if (n == "clGetPlatformInfo") return reinterpret_cast<void*>(&GetPlatformInfo);
   return nullptr;
 }
 

@@ -111,6 +111,7 @@ class Server {
 };
 
 Server* g_server = nullptr;
+bool g_loader_pointed = false;  // the loader reads its variables once per process
 
 // The Tandem platform, as the loader lists it.
 cl_platform_id TandemPlatform() {
@@ -127,6 +128,7 @@ cl_platform_id TandemPlatform() {
 }
 
 void PointLoaderAtTandem(const std::string& servers) {
+  g_loader_pointed = true;
   setenv("TANDEM_SERVERS", servers.c_str(), 1);
   setenv("OCL_ICD_VENDORS", TANDEM_ICD_DIR, 1);
   setenv("TANDEM_CONNECT_TIMEOUT_MS", "5000", 1);
@@ -818,6 +820,7 @@ TEST_F(Tandem, ReferenceCounts) {
 
 // TANDEM_SERVERS names a port nobody listens on: the platform is there with no devices.
 TEST(TandemWithoutServer, PlatformHasNoDevices) {
+  if (g_loader_pointed) GTEST_SKIP() << "needs a process of its own (ctest runs each test alone)";
   PointLoaderAtTandem("127.0.0.1:" + std::to_string(FreePort()));
   setenv("TANDEM_CONNECT_TIMEOUT_MS", "1000", 1);
   cl_platform_id p = TandemPlatform();
