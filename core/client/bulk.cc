@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "tandem/client/runtime.h"
+#include "stats.h"
 #include "tandem/log.h"
 
 namespace tandem::client {
@@ -23,8 +24,10 @@ struct Completion {
     cv.notify_all();
   }
   Status Wait() {
+    auto start = std::chrono::steady_clock::now();
     std::unique_lock<std::mutex> l(m);
     cv.wait(l, [&] { return done; });
+    Stats::Get().AddWait(std::chrono::steady_clock::now() - start);
     return status;
   }
 };
@@ -47,6 +50,7 @@ Status WriteBuffer(Session& s, ir::BufferWriteReq req, const void* src, bool blo
   auto mr = s.Register(src, req.size, fabric::kRemoteRead);
   if (!mr.ok()) return mr.status();
   req.remote = {.addr = (*mr)->remote_addr(), .len = req.size, .key = (*mr)->key()};
+  Stats::Get().rma_to_server.fetch_add(req.size, std::memory_order_relaxed);
   auto completion = blocking ? std::make_shared<Completion>() : nullptr;
   std::shared_ptr<fabric::MemoryRegion> region = std::move(mr).value();
   // The server answers once it has pulled the data; only then may the region go.
@@ -68,6 +72,7 @@ Status ReadBuffer(Session& s, ir::BufferReadReq req, void* dst, bool blocking,
     auto mr = s.Register(dst, req.size, fabric::kRemoteWrite);
     if (!mr.ok()) return mr.status();
     req.remote = {.addr = (*mr)->remote_addr(), .len = req.size, .key = (*mr)->key()};
+    Stats::Get().rma_from_server.fetch_add(req.size, std::memory_order_relaxed);
     region = std::move(mr).value();
   } else {
     req.remote = {};

@@ -6,12 +6,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <thread>
 
 #include "session.h"
+#include "stats.h"
 #include "tandem/log.h"
 
 namespace tandem::client {
@@ -81,10 +83,16 @@ class RuntimeImpl final : public Runtime {
   }
 
   void Shutdown() override {
+    // Once: the program may call it and atexit calls it again.
+    if (shut_down_.exchange(true)) return;
     for (auto& s : sessions_) {
       if (!s->health().ok()) continue;
       s->Post(ir::GoodbyeReq{});
       s->Flush();
+    }
+    if (Stats::Enabled()) {
+      std::fflush(stdout);  // the summary follows the program's own output
+      Stats::Get().Print(sessions_.size());
     }
   }
 
@@ -100,6 +108,7 @@ class RuntimeImpl final : public Runtime {
   std::vector<std::unique_ptr<SessionImpl>> sessions_;
   std::vector<std::unique_ptr<Device>> devices_;
   std::atomic<uint64_t> next_handle_{1};
+  std::atomic<bool> shut_down_{false};
   std::thread receiver_;
   std::chrono::milliseconds connect_timeout_ = EnvMillis("TANDEM_CONNECT_TIMEOUT_MS", 5000);
 };

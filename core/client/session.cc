@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cstdio>
 
+#include "stats.h"
 #include "tandem/log.h"
 
 namespace tandem::client {
@@ -45,6 +46,7 @@ uint64_t SessionImpl::PostRaw(uint16_t opcode, std::vector<uint8_t> payload, Raw
   bool was_empty = batch_.empty();
   if (was_empty) batch_started_ = Clock::now();
   batch_.AddRaw(opcode, fn ? ir::kRecordWantReply : 0, seq, payload);
+  Stats::Get().calls[opcode].fetch_add(1, std::memory_order_relaxed);
   if (fn) pending_.emplace(seq, std::move(fn));
   if (batch_.size() >= kFlushBytes) {
     Status st = FlushLocked(lock);
@@ -65,6 +67,8 @@ Status SessionImpl::FlushLocked(std::unique_lock<std::mutex>& lock) {
   if (batch_.empty()) return health_;
   std::vector<uint8_t> msg = batch_.Finish();
   last_send_ = Clock::now();
+  Stats::Get().messages_sent.fetch_add(1, std::memory_order_relaxed);
+  Stats::Get().bytes_sent.fetch_add(msg.size(), std::memory_order_relaxed);
   // Take the send lock before releasing the state lock so batches leave in seq order.
   std::lock_guard<std::mutex> send_lock(send_mu_);
   lock.unlock();
@@ -89,9 +93,11 @@ Status SessionImpl::CallRaw(uint16_t opcode, std::vector<uint8_t> payload, std::
     w->done = true;
     w->cv.notify_all();
   });
+  auto start = Clock::now();
   Flush();
   std::unique_lock<std::mutex> l(w->m);
   w->cv.wait(l, [&] { return w->done; });
+  Stats::Get().AddWait(Clock::now() - start);
   if (reply_fields) *reply_fields = std::move(w->fields);
   return w->status;
 }
@@ -120,6 +126,8 @@ bool SessionImpl::has_queued() const {
 }
 
 void SessionImpl::OnMessage(std::span<const uint8_t> msg) {
+  Stats::Get().messages_received.fetch_add(1, std::memory_order_relaxed);
+  Stats::Get().bytes_received.fetch_add(msg.size(), std::memory_order_relaxed);
   std::vector<ir::Record> records;
   Status st = ir::ParseBatch(msg, ir::BatchKind::kReplies, &records);
   if (!st.ok()) {
