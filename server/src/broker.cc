@@ -271,8 +271,10 @@ void Broker::HandleMessage(fabric::PeerId peer, std::span<const uint8_t> msg) {
     }
     if (!keep_peer) break;
   }
-  st = ep_->Send(peer, out.Finish());
-  if (!st.ok()) log::Warn("cannot reply to peer {}: {}", peer, st.ToString());
+  if (!out.empty()) {
+    st = ep_->Send(peer, out.Finish());
+    if (!st.ok()) log::Warn("cannot reply to peer {}: {}", peer, st.ToString());
+  }
   if (!keep_peer) ep_->Close(peer);
 }
 
