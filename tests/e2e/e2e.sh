@@ -154,10 +154,12 @@ run_example() {
 # 3.0 "with version" lists: Tandem implements OpenCL 1.2 whatever the device does); extensions
 # (Tandem lists only those it forwards); images and samplers (not exposed by Tandem yet); queue
 # properties, execution capabilities, partitions, built-in kernels, SVM, pipes, host-unified
-# memory (properties of Tandem's host-side implementation, not of the device).
+# memory (properties of Tandem's host-side implementation, not of the device);
+# CL_DEVICE_LINKER_AVAILABLE (Tandem reports CL_FALSE while it has no clCompileProgram /
+# clLinkProgram: a property of Tandem, not of the device).
 KEYS=(
   CL_DEVICE_NAME CL_DEVICE_VENDOR CL_DEVICE_VENDOR_ID CL_DEVICE_TYPE CL_DEVICE_PROFILE
-  CL_DEVICE_AVAILABLE CL_DEVICE_COMPILER_AVAILABLE CL_DEVICE_LINKER_AVAILABLE
+  CL_DEVICE_AVAILABLE CL_DEVICE_COMPILER_AVAILABLE
   CL_DEVICE_MAX_COMPUTE_UNITS CL_DEVICE_MAX_CLOCK_FREQUENCY CL_DEVICE_ADDRESS_BITS
   CL_DEVICE_MAX_WORK_ITEM_DIMENSIONS CL_DEVICE_MAX_WORK_ITEM_SIZES CL_DEVICE_MAX_WORK_GROUP_SIZE
   CL_DEVICE_PREFERRED_VECTOR_WIDTH_CHAR CL_DEVICE_PREFERRED_VECTOR_WIDTH_SHORT
