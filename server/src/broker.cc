@@ -129,7 +129,8 @@ class Broker {
 // fork + exec of /proc/self/exe in its hidden worker role, with a pipe back for its report.
 Result<Broker::Spawned> Broker::SpawnWorker(uint64_t key, bool probe) {
   int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) return Status(Code::kInternal, fmt::format("pipe failed: {}", std::strerror(errno)));
+  if (::pipe2(fds, O_CLOEXEC) != 0)
+    return Status(Code::kInternal, fmt::format("pipe failed: {}", std::strerror(errno)));
   // Everything the child needs is built before fork: after it, only exec-safe calls.
   std::vector<std::string> args = {"/proc/self/exe", "--worker", "--backend", probe ? opt_.backend : kind_,
                                    "--bind", bind_host_, "--devices", opt_.devices,

@@ -242,7 +242,8 @@ TEST_F(OpenCLBackendTest, LaunchWithBufferScalarStructAndLocalArgs) {
   ASSERT_TRUE(be_->OnFunctionGet({32, 30, "twice"}, &frep).ok());
   Alloc(2, 8 * 4);
   std::vector<float> ones(8, 1.0f);
-  ASSERT_TRUE(Write(2, 0, ir::bytes(reinterpret_cast<uint8_t*>(ones.data()), reinterpret_cast<uint8_t*>(ones.data()) + 32)).ok());
+  const auto* one_bytes = reinterpret_cast<const uint8_t*>(ones.data());
+  ASSERT_TRUE(Write(2, 0, ir::bytes(one_bytes, one_bytes + 32)).ok());
   l.grid = {4};
   l.block = {};
   l.offset = {4};

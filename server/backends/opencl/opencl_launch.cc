@@ -27,7 +27,8 @@ Status OpenCLBackend::OnLaunch(const ir::LaunchReq& req, ir::LaunchRep*) {
   TANDEM_RETURN_IF_ERROR(CheckVector(req.offset, req.dims, true, "global offset"));
   for (uint32_t i = 0; i < req.dims; ++i) {
     if (req.grid[i] == 0) return Status::Invalid(fmt::format("global size is 0 in dimension {}", i));
-    if (!req.block.empty() && req.block[i] == 0) return Status::Invalid(fmt::format("local size is 0 in dimension {}", i));
+    if (!req.block.empty() && req.block[i] == 0)
+      return Status::Invalid(fmt::format("local size is 0 in dimension {}", i));
   }
   if (req.shared_bytes != 0)
     return Status::Invalid("shared_bytes is CUDA's; OpenCL local memory is passed as local arguments");
