@@ -35,19 +35,22 @@ cl_program MakeProgram(cl_context context, const std::vector<cl_device_id>& devi
 // Creates a kernel for `name` with a remote function on every device the program was
 // built for. The caller holds program->mu.
 cl_kernel MakeKernelLocked(cl_program program, const std::string& name) {
+  std::vector<std::pair<const _cl_program::PerDevice*, const ir::FunctionInfo*>> found;
+  for (const auto& pd : program->per_device) {
+    if (!Built(pd)) continue;
+    auto fi = std::find_if(pd.functions.begin(), pd.functions.end(), [&](const auto& f) { return f.name == name; });
+    if (fi != pd.functions.end()) found.emplace_back(&pd, &*fi);
+  }
+  if (found.empty()) return nullptr;
   auto k = std::make_unique<_cl_kernel>();
   k->program = program;
   k->name = name;
-  for (auto& pd : program->per_device) {
-    if (!Built(pd)) continue;
-    auto fi = std::find_if(pd.functions.begin(), pd.functions.end(), [&](const auto& f) { return f.name == name; });
-    if (fi == pd.functions.end()) continue;
+  for (const auto& [pd, fi] : found) {
     uint64_t fn = client::Runtime::Get().NewHandle();
-    pd.device->session().Post(ir::FunctionGetReq{fn, pd.module, name});
-    k->functions.emplace_back(pd.device, fn);
-    k->device_info.emplace_back(pd.device, *fi);
+    pd->device->session().Post(ir::FunctionGetReq{fn, pd->module, name});
+    k->functions.emplace_back(pd->device, fn);
+    k->device_info.emplace_back(pd->device, *fi);
   }
-  if (k->functions.empty()) return nullptr;
   k->info = k->device_info.front().second;
   k->args.resize(k->info.num_params);
   program->kernels++;
@@ -286,7 +289,10 @@ cl_int SetKernelArg(cl_kernel k, cl_uint index, size_t size, const void* value) 
   if (!Valid(k)) return CL_INVALID_KERNEL;
   std::lock_guard lock(k->mu);
   if (index >= k->args.size()) return CL_INVALID_ARG_INDEX;
+  // The server describes every parameter, but only arg info (a type name) makes the
+  // kind trustworthy; without it every parameter reads as a plain value.
   const ir::ParamInfo* param = index < k->info.params.size() ? &k->info.params[index] : nullptr;
+  if (param && param->type_name.empty()) param = nullptr;
   auto kind = param ? static_cast<ir::ParamKind>(param->kind) : ir::ParamKind::kValue;
   if (!param) {
     if (!value) {
@@ -372,7 +378,8 @@ cl_int GetKernelArgInfo(cl_kernel k, cl_uint index, cl_kernel_arg_info param, si
                         size_t* size_ret) {
   if (!Valid(k)) return CL_INVALID_KERNEL;
   if (index >= k->info.num_params) return CL_INVALID_ARG_INDEX;
-  if (index >= k->info.params.size() || k->info.params[index].name.empty()) return CL_KERNEL_ARG_INFO_NOT_AVAILABLE;
+  if (index >= k->info.params.size() || k->info.params[index].type_name.empty())
+    return CL_KERNEL_ARG_INFO_NOT_AVAILABLE;
   const ir::ParamInfo& pi = k->info.params[index];
   switch (param) {
     case CL_KERNEL_ARG_ADDRESS_QUALIFIER: {

@@ -532,7 +532,7 @@ TEST_F(Tandem, KernelsWithStructAndLocalArguments) {
   size_t global = n;
   EXPECT_EQ(clEnqueueNDRangeKernel(queue_, k, 1, nullptr, &global, nullptr, 0, nullptr, nullptr),
             CL_INVALID_KERNEL_ARGS);
-  EXPECT_EQ(clSetKernelArg(k, 2, sizeof params - 1, &params), CL_INVALID_ARG_SIZE);
+  EXPECT_EQ(clSetKernelArg(k, 0, sizeof bin - 1, &bin), CL_INVALID_ARG_SIZE);
   ASSERT_EQ(clSetKernelArg(k, 2, sizeof params, &params), CL_SUCCESS);
   EXPECT_EQ(clSetKernelArg(k, 3, sizeof params, &params), CL_INVALID_ARG_INDEX);
   ASSERT_EQ(clEnqueueNDRangeKernel(queue_, k, 1, nullptr, &global, nullptr, 0, nullptr, nullptr), CL_SUCCESS);
