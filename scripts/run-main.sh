@@ -9,7 +9,8 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD=${TANDEM_BUILD_DIR:-$ROOT/build}
 log() { echo "run-main: $*" >&2; }
 
-bash "$ROOT/scripts/setup.sh"
+# TANDEM_SKIP_SETUP=1: the build is already there (e.g. built by hand); go straight on.
+[[ ${TANDEM_SKIP_SETUP:-0} == 1 ]] || bash "$ROOT/scripts/setup.sh"
 
 TANDEMD=$BUILD/server/tandemd
 TANDEM=$BUILD/tools/tandem
