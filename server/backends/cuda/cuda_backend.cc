@@ -78,17 +78,14 @@ Status CudaBackend::CheckDevice(uint64_t device) const {
   return Status::Ok();
 }
 
-Status CudaBackend::RetainContext(Device& d) {
-  CUcontext ctx = nullptr;
-  TANDEM_RETURN_IF_ERROR(drv_->Check(drv_->cuDevicePrimaryCtxRetain(&ctx, d.dev), "cuDevicePrimaryCtxRetain"));
-  d.ctx = ctx;
-  return Status::Ok();
-}
-
 Status CudaBackend::Enter(uint32_t device) {
   Device& d = devices_[device];
   if (!d.sticky.ok()) return d.sticky;
-  if (!d.ctx) TANDEM_RETURN_IF_ERROR(RetainContext(d));
+  if (!d.ctx) {
+    CUcontext ctx = nullptr;
+    TANDEM_RETURN_IF_ERROR(Check(device, drv_->cuDevicePrimaryCtxRetain(&ctx, d.dev), "cuDevicePrimaryCtxRetain"));
+    d.ctx = ctx;
+  }
   return Check(device, drv_->cuCtxSetCurrent(d.ctx), "cuCtxSetCurrent");
 }
 
@@ -96,7 +93,7 @@ Status CudaBackend::Check(uint32_t device, CUresult r, std::string_view call) {
   Status st = drv_->Check(r, call);
   if (IsSticky(r) && devices_[device].sticky.ok()) {
     devices_[device].sticky =
-        Status(st.code(), st.message() + " (sticky: the device's context is unusable until DeviceReset)", st.native(),
+        Status(st.code(), st.message() + " (sticky: every later command on this device fails with it)", st.native(),
                st.api());
   }
   return st;
@@ -115,9 +112,13 @@ void CudaBackend::ReleaseDevice(uint32_t device, bool keep_reservations) {
   if (!d.ctx) return;
   Forget("cuCtxSetCurrent", device, drv_->cuCtxSetCurrent(d.ctx));
   ReleaseUserFlags(device);
+  {
+    std::lock_guard<std::mutex> lock(user_mu_);
+    std::erase_if(user_events_, [&](const auto& e) { return e.second.device == device; });
+  }
   std::erase_if(events_, [&](const auto& e) {
     if (e.second.device != device) return false;
-    if (e.second.event) Forget("cuEventDestroy", device, drv_->cuEventDestroy(e.second.event));
+    Forget("cuEventDestroy", device, drv_->cuEventDestroy(e.second.event));
     return true;
   });
   std::erase_if(streams_, [&](const auto& s) {
@@ -204,9 +205,12 @@ Status CudaBackend::OnMemInfo(const ir::MemInfoReq& req, ir::MemInfoRep* rep) {
 }
 
 // cudaDeviceReset: frees every resource of the session on the device and resets its
-// primary context (which also clears a sticky error). The address ranges the client
-// reserved stay reserved at the same addresses, so its pointers stay meaningful whether or
-// not it sends AddressReserve again (an identical one is accepted).
+// primary context. The address ranges the client reserved stay reserved at the same
+// addresses, so its pointers stay meaningful whether or not it sends AddressReserve again
+// (an identical one is accepted). A sticky error survives it: the driver (580 seen) refuses
+// even a fresh primary context of the process with the same error, as native CUDA does
+// ("the process must be terminated and relaunched"), so the reset then answers that error
+// and so does every later command; only a new session (a new worker process) recovers.
 Status CudaBackend::OnDeviceReset(const ir::DeviceResetReq& req, ir::DeviceResetRep*) {
   TANDEM_RETURN_IF_ERROR(CheckDevice(req.device));
   const auto device = static_cast<uint32_t>(req.device);
@@ -222,7 +226,7 @@ Status CudaBackend::OnDeviceReset(const ir::DeviceResetReq& req, ir::DeviceReset
   Device& d = devices_[device];
   TANDEM_RETURN_IF_ERROR(drv_->Check(drv_->cuDevicePrimaryCtxReset(d.dev), "cuDevicePrimaryCtxReset"));
   d.sticky = Status::Ok();
-  if (!allocations.empty()) TANDEM_RETURN_IF_ERROR(Enter(device));
+  TANDEM_RETURN_IF_ERROR(Enter(device));
   for (const Allocation& a : allocations) {
     Status st = FreeAllocation(a);
     if (!st.ok()) log::Debug("device {}: freeing the allocation at 0x{:x} after reset: {}", device, a.address, st.message());
@@ -231,7 +235,6 @@ Status CudaBackend::OnDeviceReset(const ir::DeviceResetReq& req, ir::DeviceReset
   // again either gets it back at its base, or finds it still held and gives the offer back.
   for (const auto& [base, r] : reservations_) {
     if (r.device != device) continue;
-    TANDEM_RETURN_IF_ERROR(Enter(device));
     uint64_t g = 0;
     TANDEM_RETURN_IF_ERROR(Granularity(device, &g));
     CUdeviceptr va = 0;

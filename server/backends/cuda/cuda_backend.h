@@ -4,9 +4,11 @@
 #pragma once
 
 #include <array>
+#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -119,10 +121,13 @@ class CudaBackend final : public Backend {
   };
   struct Event {
     uint32_t device;
-    uint32_t flags;
-    CUevent event = nullptr;         // null for user events
-    uint32_t* flag = nullptr;        // user events: the pinned word streams wait on
-    int32_t user_status = kNotSet;   // user events: the status UserEventSet gave
+    CUevent event;
+  };
+  // A user event: the pinned word streams wait on, and the status UserEventSet gave it.
+  struct UserEvent {
+    uint32_t device;
+    uint32_t* word;
+    int32_t status = kNotSet;
     static constexpr int32_t kNotSet = INT32_MIN;
   };
   // Where an enqueued command runs.
@@ -141,7 +146,6 @@ class CudaBackend final : public Backend {
   // Makes the device's context current on this thread (retaining it on first use); fails
   // with the device's sticky error once it has one.
   Status Enter(uint32_t device);
-  Status RetainContext(Device& d);
   // Driver result of a call on `device`: a sticky error is remembered for the device.
   Status Check(uint32_t device, CUresult r, std::string_view call);
   // Frees the session's resources on the device and releases its context; reservations too
@@ -165,6 +169,7 @@ class CudaBackend final : public Backend {
   Result<Queue> ResolveStream(uint64_t stream, uint32_t device_of_default);
   Status WaitEvents(const Queue& q, const std::vector<uint64_t>& wait);
   Status Signal(const Queue& q, uint64_t signal);
+  bool IsUserEvent(uint64_t event);
   Result<uint32_t*> NewUserFlag(uint32_t device);
   Status WaitUserFlag(const Queue& q, uint32_t* flag);
   void ReleaseUserFlags(uint32_t device);
@@ -183,6 +188,11 @@ class CudaBackend final : public Backend {
   std::unordered_set<uint64_t> orphaned_functions_;  // their module was freed before them
   std::unordered_map<uint64_t, Stream> streams_;
   std::unordered_map<uint64_t, Event> events_;
+  // UserEventSet is urgent: the worker's receive thread runs it beside the executor (see
+  // backend.h), so user events live apart, under user_mu_; user_cv_ wakes EventWait.
+  std::mutex user_mu_;
+  std::condition_variable user_cv_;
+  std::unordered_map<uint64_t, UserEvent> user_events_;
 };
 
 // Parses BackendOptions::devices ("0,2") against the driver's device count.

@@ -11,29 +11,29 @@
 namespace tandem::server::cuda {
 namespace {
 
-using GetProcAddressFn = decltype(&::cuGetProcAddress);
-using DriverGetVersionFn = decltype(&::cuDriverGetVersion);
+using GetProcAddressFn = PFN_cuGetProcAddress_v12000;  // exported as cuGetProcAddress_v2
+using DriverGetVersionFn = PFN_cuDriverGetVersion_v2020;
 
 Status Missing(std::string_view what) {
   return Status(Code::kUnimplemented, fmt::format("the CUDA driver is unusable: {}", what));
 }
 
-// Resolves every entry point of the table through cuGetProcAddress, asking for the symbol
-// version of this header's CUDA version (or the driver's, if older) and legacy-stream
-// semantics (stream 0 is the legacy default stream, as the front end expects).
+// Resolves every entry point of the table through cuGetProcAddress: the version the table
+// names (or the driver's own, if it is older: the entries keep their signature across those
+// versions) and legacy-stream semantics (stream 0 is the legacy default stream, as the front
+// end expects).
 Status Resolve(GetProcAddressFn get, Driver* d) {
-  const int version = std::min(CUDA_VERSION, d->version);
-  auto one = [&](const char* name, void** slot, bool required) -> Status {
+  auto one = [&](const char* name, int version, void** slot, bool required) -> Status {
     CUdriverProcAddressQueryResult found = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-    CUresult r = get(name, slot, version, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &found);
+    CUresult r = get(name, slot, std::min(version, d->version), CU_GET_PROC_ADDRESS_LEGACY_STREAM, &found);
     if (r == CUDA_SUCCESS && found == CU_GET_PROC_ADDRESS_SUCCESS && *slot) return Status::Ok();
     *slot = nullptr;
     if (!required) return Status::Ok();
     return Missing(fmt::format("driver {}.{} lacks {} (CUresult {}, query {})", d->version / 1000,
                                d->version % 1000 / 10, name, static_cast<int>(r), static_cast<int>(found)));
   };
-#define TANDEM_CUDA_REQUIRED(fn) TANDEM_RETURN_IF_ERROR(one(#fn, reinterpret_cast<void**>(&d->fn), true));
-#define TANDEM_CUDA_OPTIONAL(fn) TANDEM_RETURN_IF_ERROR(one(#fn, reinterpret_cast<void**>(&d->fn), false));
+#define TANDEM_CUDA_REQUIRED(fn, v) TANDEM_RETURN_IF_ERROR(one(#fn, v, reinterpret_cast<void**>(&d->fn), true));
+#define TANDEM_CUDA_OPTIONAL(fn, v) TANDEM_RETURN_IF_ERROR(one(#fn, v, reinterpret_cast<void**>(&d->fn), false));
   TANDEM_CUDA_DRIVER_FUNCS(TANDEM_CUDA_REQUIRED, TANDEM_CUDA_OPTIONAL)
 #undef TANDEM_CUDA_REQUIRED
 #undef TANDEM_CUDA_OPTIONAL

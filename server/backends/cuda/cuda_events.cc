@@ -37,17 +37,28 @@ Result<CudaBackend::Queue> CudaBackend::ResolveStream(uint64_t stream, uint32_t 
   return q;
 }
 
+bool CudaBackend::IsUserEvent(uint64_t event) {
+  std::lock_guard<std::mutex> lock(user_mu_);
+  return user_events_.contains(event);
+}
+
 Status CudaBackend::WaitEvents(const Queue& q, const std::vector<uint64_t>& wait) {
   for (uint64_t id : wait) {
-    auto it = events_.find(id);
-    if (it == events_.end()) return Status::Unknown(fmt::format("waits on unknown event {}", id));
-    const Event& e = it->second;
-    if (e.flag) {
-      if (e.user_status == Event::kNotSet) TANDEM_RETURN_IF_ERROR(WaitUserFlag(q, e.flag));
+    if (auto it = events_.find(id); it != events_.end()) {
+      // Events of other devices are fine: the driver orders across contexts.
+      TANDEM_RETURN_IF_ERROR(
+          Check(q.device, drv_->cuStreamWaitEvent(q.stream, it->second.event, 0), "cuStreamWaitEvent"));
       continue;
     }
-    // Events of other devices are fine: the driver orders across contexts.
-    TANDEM_RETURN_IF_ERROR(Check(q.device, drv_->cuStreamWaitEvent(q.stream, e.event, 0), "cuStreamWaitEvent"));
+    uint32_t* word = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(user_mu_);
+      auto u = user_events_.find(id);
+      if (u == user_events_.end()) return Status::Unknown(fmt::format("waits on unknown event {}", id));
+      if (u->second.status == UserEvent::kNotSet) word = u->second.word;
+    }
+    // Set in the meantime or not, the word tells the stream.
+    if (word) TANDEM_RETURN_IF_ERROR(WaitUserFlag(q, word));
   }
   return Status::Ok();
 }
@@ -55,14 +66,16 @@ Status CudaBackend::WaitEvents(const Queue& q, const std::vector<uint64_t>& wait
 Status CudaBackend::Signal(const Queue& q, uint64_t signal) {
   if (signal == 0) return Status::Ok();
   auto it = events_.find(signal);
-  if (it == events_.end()) return Status::Unknown(fmt::format("signals unknown event {}", signal));
-  const Event& e = it->second;
-  if (e.flag) return Status::Invalid(fmt::format("event {} is a user event: only UserEventSet completes it", signal));
-  if (e.device != q.device)
-    return Status::Invalid(fmt::format("event {} belongs to device {}, the command runs on device {}", signal, e.device,
-                                       q.device));
+  if (it == events_.end()) {
+    if (IsUserEvent(signal))
+      return Status::Invalid(fmt::format("event {} is a user event: only UserEventSet completes it", signal));
+    return Status::Unknown(fmt::format("signals unknown event {}", signal));
+  }
+  if (it->second.device != q.device)
+    return Status::Invalid(fmt::format("event {} belongs to device {}, the command runs on device {}", signal,
+                                       it->second.device, q.device));
   // Recording an event again moves it to this point, as cudaEventRecord does.
-  return Check(q.device, drv_->cuEventRecord(e.event, q.stream), "cuEventRecord");
+  return Check(q.device, drv_->cuEventRecord(it->second.event, q.stream), "cuEventRecord");
 }
 
 Result<uint32_t*> CudaBackend::NewUserFlag(uint32_t device) {
@@ -150,9 +163,14 @@ Status CudaBackend::OnMarker(const ir::MarkerReq& req, ir::MarkerRep*) {
     // The default stream of the device of the events involved.
     const uint64_t any = req.signal ? req.signal : (req.wait.empty() ? 0 : req.wait.front());
     if (any == 0) return Status::Ok();
-    auto it = events_.find(any);
-    if (it == events_.end()) return Status::Unknown(fmt::format("Marker: unknown event {}", any));
-    device = it->second.device;
+    if (auto it = events_.find(any); it != events_.end()) {
+      device = it->second.device;
+    } else {
+      std::lock_guard<std::mutex> lock(user_mu_);
+      auto u = user_events_.find(any);
+      if (u == user_events_.end()) return Status::Unknown(fmt::format("Marker: unknown event {}", any));
+      device = u->second.device;
+    }
   }
   auto q = ResolveStream(req.stream, device);
   if (!q.ok()) return q.status();
@@ -164,37 +182,41 @@ Status CudaBackend::OnMarker(const ir::MarkerReq& req, ir::MarkerRep*) {
 
 Status CudaBackend::OnEventCreate(const ir::EventCreateReq& req, ir::EventCreateRep*) {
   if (req.event == 0) return Status::Invalid("event handle 0 is reserved");
-  if (events_.contains(req.event)) return Status::Invalid(fmt::format("event {} already exists", req.event));
+  if (events_.contains(req.event) || IsUserEvent(req.event))
+    return Status::Invalid(fmt::format("event {} already exists", req.event));
   TANDEM_RETURN_IF_ERROR(CheckDevice(req.device));
   if (req.flags & ~uint32_t{ir::kEventUser | ir::kEventTiming | ir::kEventBlockingSync})
     return Status::Invalid(fmt::format("event flags 0x{:x} are not supported by the CUDA backend", req.flags));
   const auto device = static_cast<uint32_t>(req.device);
   TANDEM_RETURN_IF_ERROR(Enter(device));
-  Event e{device, req.flags};
   if (req.flags & ir::kEventUser) {
-    auto flag = NewUserFlag(device);
-    if (!flag.ok()) return flag.status();
-    e.flag = flag.value();
-  } else {
-    unsigned flags = CU_EVENT_DEFAULT;
-    if (!(req.flags & ir::kEventTiming)) flags |= CU_EVENT_DISABLE_TIMING;
-    if (req.flags & ir::kEventBlockingSync) flags |= CU_EVENT_BLOCKING_SYNC;
-    TANDEM_RETURN_IF_ERROR(Check(device, drv_->cuEventCreate(&e.event, flags), "cuEventCreate"));
+    auto word = NewUserFlag(device);
+    if (!word.ok()) return word.status();
+    std::lock_guard<std::mutex> lock(user_mu_);
+    user_events_[req.event] = UserEvent{device, word.value()};
+    return Status::Ok();
   }
-  events_[req.event] = e;
+  unsigned flags = CU_EVENT_DEFAULT;
+  if (!(req.flags & ir::kEventTiming)) flags |= CU_EVENT_DISABLE_TIMING;
+  if (req.flags & ir::kEventBlockingSync) flags |= CU_EVENT_BLOCKING_SYNC;
+  CUevent e = nullptr;
+  TANDEM_RETURN_IF_ERROR(Check(device, drv_->cuEventCreate(&e, flags), "cuEventCreate"));
+  events_[req.event] = Event{device, e};
   return Status::Ok();
 }
 
 // A user event destroyed before it was set lets go of the streams it holds.
 Status CudaBackend::OnEventDestroy(const ir::EventDestroyReq& req, ir::EventDestroyRep*) {
   auto it = events_.find(req.event);
-  if (it == events_.end()) return Status::Unknown(fmt::format("unknown event {}", req.event));
-  const Event e = it->second;
-  if (e.flag) {
-    SetWord(e.flag);
-    events_.erase(it);
+  if (it == events_.end()) {
+    std::lock_guard<std::mutex> lock(user_mu_);
+    auto u = user_events_.find(req.event);
+    if (u == user_events_.end()) return Status::Unknown(fmt::format("unknown event {}", req.event));
+    SetWord(u->second.word);
+    user_events_.erase(u);
     return Status::Ok();
   }
+  const Event e = it->second;
   TANDEM_RETURN_IF_ERROR(Enter(e.device));
   events_.erase(it);
   return Check(e.device, drv_->cuEventDestroy(e.event), "cuEventDestroy");
@@ -202,12 +224,15 @@ Status CudaBackend::OnEventDestroy(const ir::EventDestroyReq& req, ir::EventDest
 
 Status CudaBackend::OnEventQuery(const ir::EventQueryReq& req, ir::EventQueryRep* rep) {
   auto it = events_.find(req.event);
-  if (it == events_.end()) return Status::Unknown(fmt::format("unknown event {}", req.event));
-  const Event& e = it->second;
-  if (e.flag) {
-    rep->status = e.user_status == Event::kNotSet ? ir::kEventSubmitted : std::min(e.user_status, 0);
+  if (it == events_.end()) {
+    std::lock_guard<std::mutex> lock(user_mu_);
+    auto u = user_events_.find(req.event);
+    if (u == user_events_.end()) return Status::Unknown(fmt::format("unknown event {}", req.event));
+    const int32_t st = u->second.status;
+    rep->status = st == UserEvent::kNotSet ? ir::kEventSubmitted : std::min(st, 0);
     return Status::Ok();
   }
+  const Event& e = it->second;
   TANDEM_RETURN_IF_ERROR(Enter(e.device));
   CUresult r = drv_->cuEventQuery(e.event);
   if (r == CUDA_SUCCESS) {
@@ -223,47 +248,51 @@ Status CudaBackend::OnEventQuery(const ir::EventQueryReq& req, ir::EventQueryRep
   return Status::Ok();
 }
 
+// A user event is waited for until UserEventSet, which the receive thread runs meanwhile.
 Status CudaBackend::OnEventWait(const ir::EventWaitReq& req, ir::EventWaitRep* rep) {
   for (uint64_t id : req.events) {
-    auto it = events_.find(id);
-    if (it == events_.end()) return Status::Unknown(fmt::format("unknown event {}", id));
-    const Event& e = it->second;
-    if (e.flag) {
-      // Only a later command of this session could set it: waiting here would never end.
-      if (e.user_status == Event::kNotSet)
-        return Status::Invalid(fmt::format("EventWait on user event {}, which is not set: it would never complete", id));
-      rep->statuses.push_back(std::min(e.user_status, 0));
+    if (auto it = events_.find(id); it != events_.end()) {
+      const Event& e = it->second;
+      TANDEM_RETURN_IF_ERROR(Enter(e.device));
+      TANDEM_RETURN_IF_ERROR(Check(e.device, drv_->cuEventSynchronize(e.event), "cuEventSynchronize"));
+      rep->statuses.push_back(ir::kEventComplete);
       continue;
     }
-    TANDEM_RETURN_IF_ERROR(Enter(e.device));
-    TANDEM_RETURN_IF_ERROR(Check(e.device, drv_->cuEventSynchronize(e.event), "cuEventSynchronize"));
-    rep->statuses.push_back(ir::kEventComplete);
+    std::unique_lock<std::mutex> lock(user_mu_);
+    if (!user_events_.contains(id)) return Status::Unknown(fmt::format("unknown event {}", id));
+    // Only this (the executor's) thread erases user events, so the entry stays while we wait.
+    user_cv_.wait(lock, [&] { return user_events_.at(id).status != UserEvent::kNotSet; });
+    rep->statuses.push_back(std::min(user_events_.at(id).status, 0));
   }
   return Status::Ok();
 }
 
 Status CudaBackend::OnEventElapsed(const ir::EventElapsedReq& req, ir::EventElapsedRep* rep) {
-  auto start = events_.find(req.start), end = events_.find(req.end);
-  if (start == events_.end() || end == events_.end())
-    return Status::Unknown(fmt::format("unknown event {}", start == events_.end() ? req.start : req.end));
-  if (start->second.flag || end->second.flag) return Status::Invalid("EventElapsed: user events carry no time");
-  TANDEM_RETURN_IF_ERROR(Enter(start->second.device));
+  for (uint64_t id : {req.start, req.end}) {
+    if (events_.contains(id)) continue;
+    if (IsUserEvent(id)) return Status::Invalid(fmt::format("EventElapsed: user event {} carries no time", id));
+    return Status::Unknown(fmt::format("unknown event {}", id));
+  }
+  const Event& start = events_.at(req.start);
+  TANDEM_RETURN_IF_ERROR(Enter(start.device));
   float ms = 0;
-  TANDEM_RETURN_IF_ERROR(Check(start->second.device, drv_->cuEventElapsedTime(&ms, start->second.event, end->second.event),
+  TANDEM_RETURN_IF_ERROR(Check(start.device, drv_->cuEventElapsedTime(&ms, start.event, events_.at(req.end).event),
                                "cuEventElapsedTime"));
   rep->ms = ms;
   return Status::Ok();
 }
 
+// Urgent: runs on the worker's receive thread, beside the executor; touches user events only.
 Status CudaBackend::OnUserEventSet(const ir::UserEventSetReq& req, ir::UserEventSetRep*) {
-  auto it = events_.find(req.event);
-  if (it == events_.end()) return Status::Unknown(fmt::format("unknown event {}", req.event));
-  Event& e = it->second;
-  if (!e.flag) return Status::Invalid(fmt::format("event {} is not a user event", req.event));
-  if (e.user_status != Event::kNotSet) return Status::Invalid(fmt::format("user event {} is already set", req.event));
+  std::lock_guard<std::mutex> lock(user_mu_);
+  auto u = user_events_.find(req.event);
+  if (u == user_events_.end()) return Status::Invalid(fmt::format("event {} is not a user event of this session", req.event));
+  if (u->second.status != UserEvent::kNotSet)
+    return Status::Invalid(fmt::format("user event {} is already set", req.event));
   // A negative (failed) status releases the stream too: the front end reports the failure.
-  e.user_status = req.status;
-  SetWord(e.flag);
+  u->second.status = req.status == UserEvent::kNotSet ? -1 : req.status;
+  SetWord(u->second.word);
+  user_cv_.notify_all();
   return Status::Ok();
 }
 
