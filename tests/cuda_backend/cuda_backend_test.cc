@@ -12,6 +12,15 @@
 
 #include "tandem/server/backend.h"
 
+#ifdef TANDEM_TEST_OUTPUT_CAPTURE
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include "cuda_output.h"
+#endif
+
 namespace tandem::server {
 namespace {
 
@@ -93,6 +102,33 @@ TEST(CudaBackendStart, FailsCleanlyOrServesDevices) {
   auto garbage = MakeCudaBackend(BackendOptions{"zero"});
   EXPECT_EQ(garbage.status().code(), Code::kInvalidArgument) << garbage.status().ToString();
 }
+
+#ifdef TANDEM_TEST_OUTPUT_CAPTURE
+// Device printf arrives on fd 1; the capture must keep every byte, in order, even when far
+// more than a pipe holds is written before anyone takes it (the driver must never block).
+TEST(CudaOutputCapture, KeepsStdoutInOrderWithoutBlocking) {
+  auto started = cuda::OutputCapture::Start();
+  ASSERT_TRUE(started.ok()) << started.status().ToString();
+  auto capture = std::move(started.value());
+  std::string expected, line(1000, 'x');
+  bool written = true;
+  for (int i = 0; i < 4000 && written; ++i) {  // about 4 MB through write(2), as a driver would
+    line.replace(0, 8, fmt::format("{:08d}", i));
+    written = ::write(1, line.data(), line.size()) == static_cast<ssize_t>(line.size());
+    expected += line;
+  }
+  std::printf("left in libc's buffer");  // Take() flushes it
+  expected += "left in libc's buffer";
+  const std::string got = capture->Take();
+  const std::string again = capture->Take();
+  capture.reset();  // gtest's own output reaches the terminal again from here
+  EXPECT_TRUE(written);
+  EXPECT_EQ(got.size(), expected.size());
+  EXPECT_TRUE(got == expected);
+  EXPECT_TRUE(again.empty());
+  EXPECT_NE(::fcntl(1, F_GETFD), -1);
+}
+#endif
 
 class CudaBackendTest : public ::testing::Test {
  protected:
