@@ -43,12 +43,19 @@ uint64_t SessionImpl::PostRaw(uint16_t opcode, std::vector<uint8_t> payload, Raw
   }
   uint64_t seq = next_seq_++;
   if (log::TraceEnabled()) log::Trace("-> {} #{} {}", server_, seq, ir::TraceRequest(opcode, payload));
+  const ir::CommandInfo* info = ir::FindCommand(opcode);
+  const bool urgent = info && (info->flags & ir::kUrgent);
+  // An urgent command travels alone: what was queued before it leaves first.
+  if (urgent && !batch_.empty()) {
+    FlushLocked(lock);  // releases the lock
+    lock.lock();
+  }
   bool was_empty = batch_.empty();
   if (was_empty) batch_started_ = Clock::now();
   batch_.AddRaw(opcode, fn ? ir::kRecordWantReply : 0, seq, payload);
   Stats::Get().calls[opcode].fetch_add(1, std::memory_order_relaxed);
   if (fn) pending_.emplace(seq, std::move(fn));
-  if (batch_.size() >= kFlushBytes) {
+  if (urgent || batch_.size() >= kFlushBytes) {
     Status st = FlushLocked(lock);
     if (!st.ok()) log::Warn("{}: send failed: {}", server_, st.ToString());
   } else if (was_empty) {

@@ -131,19 +131,41 @@ bool Session::Authenticate(std::span<const uint8_t> msg, ir::BatchWriter& out) {
   return false;
 }
 
-std::optional<std::vector<uint8_t>> Session::AnswerPings(std::span<const uint8_t> msg) const {
+std::optional<std::vector<uint8_t>> Session::RunUrgent(std::span<const uint8_t> msg) {
   if (!attached_.load()) return std::nullopt;
   std::vector<ir::Record> records;
   if (!ir::ParseBatch(msg, ir::BatchKind::kRequests, &records).ok() || records.empty()) return std::nullopt;
+  for (const ir::Record& rec : records) {
+    const ir::CommandInfo* c = ir::FindCommand(rec.header.opcode);
+    if (!c || !(c->flags & ir::kUrgent)) return std::nullopt;  // the executor runs it, in order
+  }
   ir::BatchWriter out(ir::BatchKind::kReplies);
   for (const ir::Record& rec : records) {
-    ir::PingReq req;
-    if (rec.header.opcode != static_cast<uint16_t>(ir::Opcode::kPing) || !ir::DecodeRequest(rec.payload, &req).ok())
-      return std::nullopt;
-    ir::PingRep rep{req.nonce};
-    out.AddReply(rec.header.opcode, rec.header.seq, Status::Ok(), {}, &rep);
+    ir::ForEachCommand([&]<class Req>() {
+      if constexpr ((Req::kFlags & ir::kUrgent) != 0) {
+        if (rec.header.opcode != static_cast<uint16_t>(Req::kOpcode)) return;
+        if (log::TraceEnabled()) log::Trace("urgent {}", ir::TraceRequest(rec.header.opcode, rec.payload));
+        Req req;
+        typename Req::Reply rep{};
+        Status st = ir::DecodeRequest(rec.payload, &req);
+        if (st.ok()) st = ExecuteUrgent(req, &rep);
+        // The deferred list belongs to the executor's thread: an urgent failure is answered now.
+        if (!st.ok() || (Req::kFlags & ir::kNeedsReply) || (rec.header.flags & ir::kRecordWantReply))
+          out.AddReply(rec.header.opcode, rec.header.seq, st, {}, st.ok() ? &rep : nullptr);
+      }
+    });
   }
-  return out.Finish();
+  return out.empty() ? std::vector<uint8_t>{} : out.Finish();
+}
+
+Status Session::ExecuteUrgent(const ir::PingReq& req, ir::PingRep* rep) {
+  rep->nonce = req.nonce;
+  return Status::Ok();
+}
+
+// Backends make OnUserEventSet safe to call beside the executor (backend.h).
+Status Session::ExecuteUrgent(const ir::UserEventSetReq& req, ir::UserEventSetRep* rep) {
+  return backend_->OnUserEventSet(req, rep);
 }
 
 template <class Req>

@@ -1,8 +1,9 @@
 // A session worker: one process per client session, so one client's crash, bad kernel or
 // leak cannot touch another's. Its exit frees every resource of the session.
 //
-// Threads: the receive thread (this one) reads the endpoint, answers Ping batches at once
-// (liveness keeps working while the executor is blocked in a long finish) and queues every
+// Threads: the receive thread (this one) reads the endpoint, runs urgent batches at once
+// (Ping, so liveness keeps working while the executor is blocked in a long finish, and
+// UserEventSet, so a command blocked on a user event can be released) and queues every
 // other batch; the executor runs batches in order and sends one reply batch per batch.
 #include <unistd.h>
 
@@ -185,9 +186,11 @@ int RunWorker(const WorkerOptions& opt) {
       continue;
     }
     last_heard = Clock::now();
-    if (auto pong = session.AnswerPings(e.data)) {
-      Status st = ep->Send(*client, std::move(*pong));
-      if (!st.ok()) log::Warn("cannot answer a ping: {}", st.ToString());
+    if (auto urgent = session.RunUrgent(e.data)) {
+      if (!urgent->empty()) {
+        Status st = ep->Send(*client, std::move(*urgent));
+        if (!st.ok()) log::Warn("cannot answer an urgent command: {}", st.ToString());
+      }
       continue;
     }
     executor.Push(std::move(e.data));

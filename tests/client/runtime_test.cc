@@ -59,13 +59,15 @@ TEST_F(Live, BatchesAsynchronousCommandsUntilASyncPoint) {
   auto pong = s.Call(ir::PingReq{.nonce = 42});
   ASSERT_TRUE(pong.ok()) << pong.status().ToString();
   EXPECT_EQ(pong->nonce, 42u);
+  ASSERT_TRUE(s.Call(ir::DeviceSyncReq{.device = Dev().remote_index}).ok());
   EXPECT_TRUE(s.TakeAsyncErrors().empty());
 }
 
 TEST_F(Live, ReportsFailedAsyncCommandsAtTheNextSync) {
   Session& s = *Dev().session;
   s.Post(ir::BufferFreeReq{.buffer = 0xDEADBEEF});  // never allocated
-  ASSERT_TRUE(s.Call(ir::PingReq{.nonce = 1}).ok());
+  // A sync point of the command stream (a Ping is urgent: it overtakes the stream).
+  ASSERT_TRUE(s.Call(ir::DeviceSyncReq{.device = Dev().remote_index}).ok());
   auto errors = s.TakeAsyncErrors();
   ASSERT_EQ(errors.size(), 1u);
   EXPECT_EQ(errors[0].opcode, static_cast<uint32_t>(ir::Opcode::kBufferFree));
@@ -105,6 +107,32 @@ TEST_F(Live, NonBlockingReadCompletesThroughItsCallback) {
   while (!done && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
   ASSERT_TRUE(done);
   EXPECT_EQ(in, out);
+}
+
+// A read that waits for a user event blocks the session's queue on the server; setting the
+// event must still get through (urgent commands bypass the queue), as it does natively.
+TEST_F(Live, UserEventReleasesABlockedRead) {
+  Session& s = *Dev().session;
+  auto& rt = Runtime::Get();
+  uint64_t b = rt.NewHandle(), user = rt.NewHandle(), written = rt.NewHandle();
+  s.Post(ir::BufferAllocReq{.buffer = b, .device = Dev().remote_index, .size = 16});
+  s.Post(ir::EventCreateReq{.event = user, .device = Dev().remote_index, .flags = ir::kEventUser});
+  std::vector<uint8_t> out(16, 9), in(16, 0);
+  ASSERT_TRUE(WriteBuffer(s, {.buffer = b, .size = 16, .wait = {user}, .signal = written}, out.data(), false).ok());
+  std::atomic<bool> done{false};
+  ASSERT_TRUE(ReadBuffer(s, {.buffer = b, .size = 16, .wait = {written}}, in.data(), false,
+                         [&](const Status& st) {
+                           EXPECT_TRUE(st.ok()) << st.ToString();
+                           done = true;
+                         }).ok());
+  std::this_thread::sleep_for(200ms);
+  EXPECT_FALSE(done) << "the read did not wait for the user event";
+  s.Post(ir::UserEventSetReq{.event = user, .status = 0});
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (!done && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+  ASSERT_TRUE(done) << "the blocked read was never released";
+  EXPECT_EQ(in, out);
+  EXPECT_TRUE(s.Call(ir::PingReq{.nonce = 4}).ok());
 }
 
 // Last in the suite: the server dies while a call waits; the call fails, it does not hang.

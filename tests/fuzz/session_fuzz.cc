@@ -1,5 +1,5 @@
 // Feeds arbitrary bytes through exactly the code a session worker runs on a client's
-// messages: Session::AnswerPings (the receive thread) and Session::HandleBatch (batch
+// messages: Session::RunUrgent (the receive thread) and Session::HandleBatch (batch
 // parsing, the generated dispatch table, request decoding, the backend, deferred errors),
 // over the in-memory backend. Every reply the session produces must itself parse.
 #include "session_fuzz.h"
@@ -28,7 +28,7 @@ void CheckReply(const std::vector<uint8_t>& reply) {
 }
 
 void RunMessage(server::Session& session, std::span<const uint8_t> msg) {
-  if (auto pong = session.AnswerPings(msg)) CheckReply(*pong);
+  if (auto pong = session.RunUrgent(msg)) CheckReply(*pong);
   server::BatchOutcome out = session.HandleBatch(msg);
   CheckReply(out.reply);
 }

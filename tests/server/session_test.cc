@@ -176,9 +176,9 @@ TEST_F(SessionTest, PingsAreAnsweredOffTheExecutorOnlyWhenAlone) {
   ir::BatchWriter w(ir::BatchKind::kRequests);
   w.AddRequest(ir::PingReq{5}, 1);
   std::vector<uint8_t> ping = w.Finish();
-  EXPECT_FALSE(session_.AnswerPings(ping).has_value());  // not attached yet
+  EXPECT_FALSE(session_.RunUrgent(ping).has_value());  // not attached yet
   Attach();
-  auto pong = session_.AnswerPings(ping);
+  auto pong = session_.RunUrgent(ping);
   ASSERT_TRUE(pong.has_value());
   auto r = Parse(*pong);
   ASSERT_EQ(r.size(), 1u);
@@ -188,7 +188,7 @@ TEST_F(SessionTest, PingsAreAnsweredOffTheExecutorOnlyWhenAlone) {
   EXPECT_EQ(p.nonce, 5u);
   w.AddRequest(ir::PingReq{6}, 2);
   w.AddRequest(ir::DeviceSyncReq{0}, 3);
-  EXPECT_FALSE(session_.AnswerPings(w.Finish()).has_value());
+  EXPECT_FALSE(session_.RunUrgent(w.Finish()).has_value());
 }
 
 TEST_F(SessionTest, OutputPrecedesTheRepliesOfItsBatch) {

@@ -251,6 +251,7 @@ void OpenCLBackend::Complete(Enqueue& e) {
     clReleaseEvent(e.done);
   } else {
     // Re-signalling an event handle (CUDA's re-record) replaces its previous command.
+    std::lock_guard<std::mutex> lock(events_mu_);
     Event& ev = events_[e.signal];
     ev.event.reset(e.done);
     ev.device = e.device;

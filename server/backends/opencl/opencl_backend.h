@@ -14,6 +14,7 @@
 
 #include <string>
 #include <string_view>
+#include <mutex>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -182,6 +183,9 @@ class OpenCLBackend : public Backend {
   std::unordered_map<uint64_t, Function> functions_;
   std::unordered_map<uint64_t, Stream> streams_;
   std::unordered_map<uint64_t, Event> events_;
+  // Guards changes to events_ against OnUserEventSet, which runs on the receive thread;
+  // the executor, the only writer, reads without it.
+  std::mutex events_mu_;
 };
 
 // Reads a clGet*Info answer of any size into bytes.

@@ -99,6 +99,7 @@ Status OpenCLBackend::OnEventCreate(const ir::EventCreateReq& req, ir::EventCrea
     ev.event.reset(ce);
     ev.user = true;
   }
+  std::lock_guard<std::mutex> lock(events_mu_);
   events_[req.event] = std::move(ev);
   return Status::Ok();
 }
@@ -106,6 +107,7 @@ Status OpenCLBackend::OnEventCreate(const ir::EventCreateReq& req, ir::EventCrea
 Status OpenCLBackend::OnEventDestroy(const ir::EventDestroyReq& req, ir::EventDestroyRep*) {
   auto ev = Find(events_, req.event, "event");
   if (!ev.ok()) return ev.status();
+  std::lock_guard<std::mutex> lock(events_mu_);
   events_.erase(req.event);
   return Status::Ok();
 }
@@ -168,6 +170,7 @@ Status OpenCLBackend::OnEventTimes(const ir::EventTimesReq& req, ir::EventTimesR
 }
 
 Status OpenCLBackend::OnUserEventSet(const ir::UserEventSetReq& req, ir::UserEventSetRep*) {
+  std::lock_guard<std::mutex> lock(events_mu_);
   auto ev = Find(events_, req.event, "event");
   if (!ev.ok()) return ev.status();
   if (!ev.value()->user) return Status::Invalid(fmt::format("event {:#x} is not a user event", req.event));

@@ -74,6 +74,7 @@ enum Flags : uint32_t {
   kWritesDevice = 1u << 3,
   kLogged = 1u << 4,
   kBroker = 1u << 5,
+  kUrgent = 1u << 6,
 };
 
 // ---- request / reply structs -------------------------------------------------------------

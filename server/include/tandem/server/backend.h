@@ -44,6 +44,8 @@ class Backend {
   // of the replies of the batch, so it reaches the program before the sync that made it.
   virtual std::vector<std::pair<uint32_t, std::string>> TakeOutput() { return {}; }
 
+  // Urgent commands (ir::kUrgent; today OnUserEventSet) are called from the worker's receive
+  // thread while the executor may be inside any other method: they must be thread-safe.
 #define X(op, Name, flags, req, rep)                                   \
   virtual Status On##Name(const ir::Name##Req&, ir::Name##Rep*) {      \
     return Status(Code::kUnimplemented, #Name " is not supported by the " + name() + " backend"); \

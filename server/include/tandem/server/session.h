@@ -33,11 +33,13 @@ class Session {
   // session is attached, only an Attach with the right key as first record is accepted.
   BatchOutcome HandleBatch(std::span<const uint8_t> msg);
 
-  // The reply batch when every record of `msg` is a Ping of an attached session, so the
-  // receive thread can answer liveness checks while the executor is busy. Thread-safe
-  // against HandleBatch. Ping replies carry no deferred errors: those go with the
-  // command stream's next reply.
-  std::optional<std::vector<uint8_t>> AnswerPings(std::span<const uint8_t> msg) const;
+  // Runs `msg` at once when every record of it is an urgent command (ir::kUrgent: Ping,
+  // UserEventSet) of an attached session, so the receive thread answers liveness checks and
+  // sets user events while the executor is blocked (a read waiting on a user event the
+  // client sets later). Returns the reply batch to send (empty if none is due), or nullopt
+  // when the batch is for the executor. Thread-safe against HandleBatch. Its replies carry
+  // no deferred errors: those go with the command stream's next reply.
+  std::optional<std::vector<uint8_t>> RunUrgent(std::span<const uint8_t> msg);
 
   bool attached() const { return attached_.load(); }
 
@@ -64,6 +66,8 @@ class Session {
   Status Execute(const ir::EventQueryReq& req, ir::EventQueryRep* rep);
   Status Execute(const ir::EventWaitReq& req, ir::EventWaitRep* rep);
   Status Execute(const ir::EventDestroyReq& req, ir::EventDestroyRep* rep);
+  Status ExecuteUrgent(const ir::PingReq& req, ir::PingRep* rep);
+  Status ExecuteUrgent(const ir::UserEventSetReq& req, ir::UserEventSetRep* rep);
 
   std::vector<uint8_t> WithOutput(ir::BatchWriter& replies);
   bool Authenticate(std::span<const uint8_t> msg, ir::BatchWriter& out);
