@@ -38,7 +38,7 @@ mkdir -p "$POCL_CACHE_DIR"
 # file (no network, no ICD package): write one so the loader finds it.
 if [[ -e /etc/OpenCL/vendors/nvidia.icd ]]; then
   vendors=/etc/OpenCL/vendors/nvidia.icd
-elif ldconfig -p 2>/dev/null | grep -q 'libnvidia-opencl\.so\.1 '; then
+elif ldconfig -p 2>/dev/null | grep 'libnvidia-opencl\.so\.1 ' >/dev/null; then  # no grep -q: SIGPIPE + pipefail
   mkdir -p "$work/vendors"
   echo libnvidia-opencl.so.1 >"$work/vendors/nvidia.icd"
   vendors=$work/vendors

@@ -52,7 +52,7 @@ native_vendors() {
   if [[ -n ${TANDEM_E2E_NATIVE_VENDORS:-} ]]; then echo "$TANDEM_E2E_NATIVE_VENDORS"; return; fi
   if [[ -e /etc/OpenCL/vendors/nvidia.icd ]]; then echo /etc/OpenCL/vendors/nvidia.icd; return; fi
   # NVIDIA's driver ships libnvidia-opencl.so.1 but, without the ICD package, no .icd file.
-  if ldconfig -p 2>/dev/null | grep -q 'libnvidia-opencl\.so\.1 '; then
+  if ldconfig -p 2>/dev/null | grep 'libnvidia-opencl\.so\.1 ' >/dev/null; then  # no grep -q: SIGPIPE + pipefail
     echo libnvidia-opencl.so.1 >"$work/nvidia.icd"
     echo "$work/nvidia.icd"; return
   fi
