@@ -61,11 +61,15 @@ int main(void) {
 
   cl_buffer_region bad_r = {sizeof(int), sizeof(int) * 4};
   cl_mem mis = clCreateSubBuffer(parent, CL_MEM_READ_WRITE, CL_BUFFER_CREATE_TYPE_REGION, &bad_r, &err);
-  printf("misaligned origin: %s\n", err == CL_MISALIGNED_SUB_BUFFER_OFFSET ? "CL_MISALIGNED_SUB_BUFFER_OFFSET" : "other");
+  /* Refusals are compared; their codes differ between implementations (NVIDIA's are not the
+   * spec's), so they are informational. */
+  printf("misaligned origin: %s\n", err != CL_SUCCESS ? "refused" : "accepted");
+  printf("# misaligned origin error: %d\n", (int)err);
   if (mis) clReleaseMemObject(mis);
   cl_buffer_region out_r = {0, total * sizeof(int) + align};
   cl_mem oob = clCreateSubBuffer(parent, CL_MEM_READ_WRITE, CL_BUFFER_CREATE_TYPE_REGION, &out_r, &err);
-  printf("region beyond the parent: %s\n", err == CL_INVALID_VALUE ? "CL_INVALID_VALUE" : "other");
+  printf("region beyond the parent: %s\n", err != CL_SUCCESS ? "refused" : "accepted");
+  printf("# region beyond the parent error: %d\n", (int)err);
   if (oob) clReleaseMemObject(oob);
 
   printf("checksum=%08x\n", example_fnv(out, total * sizeof(int)) ^ (unsigned)per);
