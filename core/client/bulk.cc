@@ -4,6 +4,7 @@
 #include <condition_variable>
 #include <mutex>
 
+#include "tandem/client/completion.h"
 #include "tandem/client/runtime.h"
 #include "stats.h"
 #include "tandem/log.h"
@@ -11,30 +12,17 @@
 namespace tandem::client {
 namespace {
 
-// A one-shot completion a blocking caller can wait on.
-struct Completion {
-  std::mutex m;
-  std::condition_variable cv;
-  bool done = false;
-  Status status;
-  void Set(const Status& st) {
-    std::lock_guard<std::mutex> l(m);
-    status = st;
-    done = true;
-    cv.notify_all();
-  }
-  Status Wait() {
-    auto start = std::chrono::steady_clock::now();
-    std::unique_lock<std::mutex> l(m);
-    cv.wait(l, [&] { return done; });
-    Stats::Get().AddWait(std::chrono::steady_clock::now() - start);
-    return status;
-  }
-};
-
 bool UseRma(Session& s, uint64_t size) { return s.rma() && size > ir::kInlineDataLimit; }
 
 }  // namespace
+
+Status Completion::Wait() {
+  auto start = std::chrono::steady_clock::now();
+  std::unique_lock<std::mutex> l(m_);
+  cv_.wait(l, [&] { return done_; });
+  Stats::Get().AddWait(std::chrono::steady_clock::now() - start);
+  return status_;
+}
 
 Status WriteBuffer(Session& s, ir::BufferWriteReq req, const void* src, bool blocking,
                    std::function<void(const Status&)> done) {

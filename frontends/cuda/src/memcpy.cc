@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "frontend.h"
+#include "tandem/client/completion.h"
 
 namespace tandem::cuda {
 namespace {
@@ -38,24 +39,7 @@ ir::Region RegionOf(const fabric::MemoryRegion& mr, const void* p, size_t n) {
   return ir::Region{.addr = mr.remote_addr() + offset, .len = n, .key = mr.key()};
 }
 
-// A one-shot completion for a transfer the caller waits on.
-struct Done {
-  std::mutex m;
-  std::condition_variable cv;
-  bool done = false;
-  Status status;
-  void Set(const Status& st) {
-    std::lock_guard<std::mutex> l(m);
-    status = st;
-    done = true;
-    cv.notify_all();
-  }
-  Status Wait() {
-    std::unique_lock<std::mutex> l(m);
-    cv.wait(l, [&] { return done; });
-    return status;
-  }
-};
+using Done = tandem::client::Completion;
 
 // Host -> device. Synchronous copies return once the source may be reused; asynchronous ones
 // from pageable memory are staged first; from pinned memory they read it in place, later.
