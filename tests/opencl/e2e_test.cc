@@ -15,6 +15,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <mutex>
@@ -136,15 +137,13 @@ void PointLoaderAtTandem(const std::string& servers) {
 
 class Tandem : public ::testing::Test {
  protected:
+  // The server is killed at exit, after the client runtime has said goodbye: atexit
+  // handlers run in reverse, and this one is registered before the runtime starts.
   static void SetUpTestSuite() {
     g_server = new Server;
     start_error_ = g_server->Start();
+    std::atexit([] { g_server->Stop(); });
     if (start_error_.empty()) PointLoaderAtTandem(g_server->address());
-  }
-  static void TearDownTestSuite() {
-    g_server->Stop();
-    delete g_server;
-    g_server = nullptr;
   }
 
   void SetUp() override {
