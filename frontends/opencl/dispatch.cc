@@ -87,6 +87,16 @@ const cl_icd_dispatch kDispatch = {
 #undef U
 };
 
+void WarnOnce(std::string msg) {
+  static std::mutex mu;
+  static std::unordered_set<std::string> seen;
+  {
+    std::lock_guard lock(mu);
+    if (!seen.insert(msg).second) return;
+  }
+  log::Warn("{}", msg);
+}
+
 cl_int ToCl(const Status& st, std::string_view call, cl_int unknown_handle) {
   if (st.ok()) return CL_SUCCESS;
   if (st.code() == Code::kApiError && st.api() == Api::kOpenCL && st.native() < 0) return st.native();
@@ -98,18 +108,18 @@ cl_int ToCl(const Status& st, std::string_view call, cl_int unknown_handle) {
     case Code::kInvalidArgument:
       return CL_INVALID_VALUE;
     case Code::kUnimplemented:
-      log::Once(fmt::format("{}: not supported by the server: {}", call, st.message()));
+      WarnOnce(fmt::format("OpenCL: {}: not supported by the server: {}", call, st.message()));
       return CL_INVALID_OPERATION;
     case Code::kBuildFailed:
       return CL_BUILD_PROGRAM_FAILURE;
     case Code::kLinkLost:
     case Code::kServerLost:
     case Code::kTimeout:
-      log::Once(fmt::format("{}: the Tandem server is unreachable ({}); returning CL_OUT_OF_RESOURCES", call,
-                            st.ToString()));
+      WarnOnce(fmt::format("OpenCL: {}: the Tandem server is unreachable ({}); returning CL_OUT_OF_RESOURCES",
+                           call, st.ToString()));
       return CL_OUT_OF_RESOURCES;
     default:
-      log::Once(fmt::format("{}: {}", call, st.ToString()));
+      WarnOnce(fmt::format("OpenCL: {}: {}", call, st.ToString()));
       return CL_OUT_OF_RESOURCES;
   }
 }

@@ -205,7 +205,7 @@ cl_int CheckWaitList(cl_context context, cl_uint n, const cl_event* list, std::v
     }
     if (&e->session() != &home) {
       // Another server's event cannot be named in this server's wait list: wait here.
-      log::Once("OpenCL: waiting on the client for an event of another server");
+      WarnOnce("OpenCL: waiting on the client for an event of another server");
       WaitEvents({e});
       continue;
     }

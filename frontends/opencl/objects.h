@@ -174,6 +174,10 @@ cl_int AnswerArray(size_t size, void* value, size_t* size_ret, const std::vector
 // transport is logged (once per message) with the call that saw it.
 cl_int ToCl(const Status& st, std::string_view call, cl_int unknown_handle = CL_INVALID_VALUE);
 
+// Logs a warning the first time this exact message comes up (log::Once is only for
+// unsupported entry points).
+void WarnOnce(std::string msg);
+
 inline void SetErr(cl_int* errcode_ret, cl_int err) {
   if (errcode_ret) *errcode_ret = err;
 }
@@ -269,6 +273,7 @@ struct _cl_program : tandem::ocl::Object<_cl_program> {
   struct PerDevice {
     cl_device_id device = nullptr;
     uint64_t module = 0;
+    bool loaded = true;  // false once the server said it never created the module
     cl_build_status status = CL_BUILD_NONE;
     std::string options, log;
     std::vector<tandem::ir::FunctionInfo> functions;
@@ -293,6 +298,7 @@ struct _cl_kernel : tandem::ocl::Object<_cl_kernel> {
     uint64_t value = 0;          // local size
     cl_mem mem = nullptr;        // buffer argument
     uint64_t ready = 0;          // its initial upload's event, waited for by launches
+    uint64_t offset = 0, size = 0;  // a sub-buffer's range in its root buffer
     std::vector<uint8_t> data;   // bytes argument
   };
   cl_program program = nullptr;

@@ -156,6 +156,12 @@ cl_int BuildProgram(cl_program p, cl_uint num_devices, const cl_device_id* devic
     } else if (r.status().code() == Code::kBuildFailed) {
       pd->log = r.status().message();
       if (result == CL_SUCCESS) result = BuildFailure(p, r.status().native());
+    } else if (r.status().code() == Code::kUnknownHandle) {
+      // The server refused the posted ModuleLoad (its error went to the log): for a
+      // binary, that is the spec's invalid binary.
+      pd->loaded = false;
+      pd->log = r.status().message();
+      if (result == CL_SUCCESS) result = p->from_binary ? CL_INVALID_BINARY : CL_BUILD_PROGRAM_FAILURE;
     } else {
       pd->log = r.status().ToString();
       if (result == CL_SUCCESS) result = ToCl(r.status(), "clBuildProgram");
@@ -317,14 +323,10 @@ cl_int SetKernelArg(cl_kernel k, cl_uint index, size_t size, const void* value) 
       }
       if (!Valid(m) || m->context != k->program->context) return CL_INVALID_MEM_OBJECT;
       arg.kind = ir::ArgKind::kBuffer;
-      // A LaunchArg names a whole buffer: a view that starts inside one needs an offset
-      // the IR cannot carry yet.
-      if (m->origin) {
-        log::Once("clSetKernelArg: a sub-buffer with a nonzero origin as a kernel argument (not supported yet)");
-        return CL_INVALID_MEM_OBJECT;
-      }
       arg.mem = m;
       arg.value = m->remote();
+      arg.offset = m->origin;
+      arg.size = m->size;
       arg.ready = m->ready_event();
       break;
     }
@@ -452,7 +454,8 @@ _cl_program::PerDevice* _cl_program::For(cl_device_id d) {
 }
 
 _cl_program::~_cl_program() {
-  for (const auto& pd : per_device) pd.device->session().Post(tandem::ir::ModuleFreeReq{pd.module});
+  for (const auto& pd : per_device)
+    if (pd.loaded) pd.device->session().Post(tandem::ir::ModuleFreeReq{pd.module});
   context->Unhold();
 }
 

@@ -614,6 +614,37 @@ TEST_F(Tandem, NDRangeWithOffsetAndChecks) {
   clReleaseProgram(p);
 }
 
+// A sub-buffer that starts inside its buffer, as a kernel argument, on an in-order and an
+// out-of-order queue: only its range changes.
+TEST_F(Tandem, SubBufferKernelArguments) {
+  cl_program p = Build(kSource);
+  cl_kernel k = Kernel(p, "inc");
+  std::vector<int> data(1024, 10);
+  cl_mem m = Buffer(CL_MEM_COPY_HOST_PTR, data.size() * sizeof(int), data.data());
+  cl_buffer_region region{256 * sizeof(int), 128 * sizeof(int)};
+  cl_int err = CL_SUCCESS;
+  cl_mem sub = clCreateSubBuffer(m, 0, CL_BUFFER_CREATE_TYPE_REGION, &region, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  ASSERT_EQ(clSetKernelArg(k, 0, sizeof sub, &sub), CL_SUCCESS);
+  size_t global = 128;
+  ASSERT_EQ(clEnqueueNDRangeKernel(queue_, k, 1, nullptr, &global, nullptr, 0, nullptr, nullptr), CL_SUCCESS);
+  cl_command_queue ooo = clCreateCommandQueue(context_, device_, CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  ASSERT_EQ(clFinish(queue_), CL_SUCCESS);
+  cl_event done = nullptr;
+  ASSERT_EQ(clEnqueueNDRangeKernel(ooo, k, 1, nullptr, &global, nullptr, 0, nullptr, &done), CL_SUCCESS);
+  ASSERT_EQ(clWaitForEvents(1, &done), CL_SUCCESS);
+  ASSERT_EQ(clEnqueueReadBuffer(queue_, m, CL_TRUE, 0, data.size() * sizeof(int), data.data(), 0, nullptr, nullptr),
+            CL_SUCCESS);
+  for (int i = 0; i < 1024; ++i) ASSERT_EQ(data[i], i >= 256 && i < 384 ? 12 : 10) << i;
+  clReleaseEvent(done);
+  clReleaseCommandQueue(ooo);
+  clReleaseMemObject(sub);
+  clReleaseMemObject(m);
+  clReleaseKernel(k);
+  clReleaseProgram(p);
+}
+
 // ---- events ----------------------------------------------------------------------------
 
 TEST_F(Tandem, EventsMarkersAndProfiling) {
