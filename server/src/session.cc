@@ -58,7 +58,10 @@ int32_t FailedEventStatus(const Status& st) {
 
 }  // namespace
 
-Session::Session(Backend* backend, uint64_t session_key) : backend_(backend), session_key_(session_key) {}
+Session::Session(Backend* backend, uint64_t session_key, bool defer_replies)
+    : backend_(backend), session_key_(session_key) {
+  backend_->AllowDeferredReplies(defer_replies);
+}
 
 BatchOutcome Session::HandleBatch(std::span<const uint8_t> msg) {
   BatchOutcome outcome;
@@ -88,6 +91,7 @@ BatchOutcome Session::HandleBatch(std::span<const uint8_t> msg) {
   }
   outcome.goodbye = goodbye_;
   outcome.reply = WithOutput(out);
+  outcome.late = std::exchange(late_, {});
   return outcome;
 }
 
@@ -138,8 +142,13 @@ std::optional<std::vector<uint8_t>> Session::RunUrgent(std::span<const uint8_t> 
   for (const ir::Record& rec : records) {
     const ir::CommandInfo* c = ir::FindCommand(rec.header.opcode);
     if (!c || !(c->flags & ir::kUrgent)) return std::nullopt;  // the executor runs it, in order
+    // A user event the executor has not created yet (its EventCreate is still queued) is
+    // set in order by the executor; the client sends UserEventSet alone, so nothing runs twice.
+    if (rec.header.opcode == static_cast<uint16_t>(ir::Opcode::kUserEventSet) && records.size() != 1)
+      return std::nullopt;
   }
   ir::BatchWriter out(ir::BatchKind::kReplies);
+  bool queue_instead = false;
   for (const ir::Record& rec : records) {
     ir::ForEachCommand([&]<class Req>() {
       if constexpr ((Req::kFlags & ir::kUrgent) != 0) {
@@ -149,12 +158,17 @@ std::optional<std::vector<uint8_t>> Session::RunUrgent(std::span<const uint8_t> 
         typename Req::Reply rep{};
         Status st = ir::DecodeRequest(rec.payload, &req);
         if (st.ok()) st = ExecuteUrgent(req, &rep);
+        if (st.code() == Code::kUnknownHandle) {
+          queue_instead = true;
+          return;
+        }
         // The deferred list belongs to the executor's thread: an urgent failure is answered now.
         if (!st.ok() || (Req::kFlags & ir::kNeedsReply) || (rec.header.flags & ir::kRecordWantReply))
           out.AddReply(rec.header.opcode, rec.header.seq, st, {}, st.ok() ? &rep : nullptr);
       }
     });
   }
+  if (queue_instead) return std::nullopt;
   return out.empty() ? std::vector<uint8_t>{} : out.Finish();
 }
 
@@ -175,12 +189,28 @@ void Session::Run(const ir::Record& rec, ir::BatchWriter& out) {
   Status st = ir::DecodeRequest(rec.payload, &req);
   // A malformed record is always answered: its flags cannot be trusted to say otherwise.
   if (!st.ok()) return ReplyError(rec, st, out);
-  typename Req::Reply rep{};
-  st = Execute(req, &rep);
+  auto rep = std::make_shared<typename Req::Reply>();
+  st = Execute(req, rep.get());
   // A protocol error (a command sent the wrong way) is answered at once, like a malformed one.
   const bool want_reply = (Req::kFlags & ir::kNeedsReply) || (rec.header.flags & ir::kRecordWantReply) ||
                           st.code() == Code::kProtocol;
-  if (want_reply) return Reply(rec, st, &rep, out);
+  if (auto wait = backend_->TakeDeferredReply()) {
+    // The command is enqueued; its reply waits on the device, off this thread.
+    if (!want_reply) {
+      st = wait();  // nobody waits for an answer: finish it here, in order
+    } else {
+      // It is the sync point for what came before it: it carries their deferred errors.
+      const ir::RecordHeader head = rec.header;
+      late_.push_back([head, rep, wait = std::move(wait), deferred = TakeDeferred()] {
+        Status done = wait();
+        ir::BatchWriter w(ir::BatchKind::kReplies);
+        w.AddReply(head.opcode, head.seq, done, deferred, done.ok() ? rep.get() : nullptr);
+        return w.Finish();
+      });
+      return;
+    }
+  }
+  if (want_reply) return Reply(rec, st, rep.get(), out);
   if (!st.ok()) {
     uint64_t signal = 0;
     if constexpr (requires { req.signal; }) signal = req.signal;

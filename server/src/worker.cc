@@ -45,14 +45,53 @@ std::string WithPort(const std::string& host, const char* port) {
   return host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
 }
 
+// Runs deferred replies (a read back or synchronize that waits on the device) one after
+// another, in the order the executor handed them over, and sends each when it is ready.
+class Waiter {
+ public:
+  Waiter(fabric::Endpoint* endpoint) : endpoint_(endpoint) {}
+  void Start(fabric::PeerId client) {
+    client_ = client;
+    // Detached: a wait on a user event that is never set must not hold the process at exit.
+    std::thread([this] { Loop(); }).detach();
+  }
+  void Push(std::vector<LateReply> late) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& l : late) queue_.push_back(std::move(l));
+    cv_.notify_one();
+  }
+
+ private:
+  void Loop() {
+    for (;;) {
+      LateReply next;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [this] { return !queue_.empty(); });
+        next = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      Status st = endpoint_->Send(client_, next());
+      if (!st.ok()) log::Warn("cannot send a reply: {}", st.ToString());
+    }
+  }
+
+  fabric::Endpoint* endpoint_;
+  fabric::PeerId client_ = 0;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<LateReply> queue_;
+};
+
 // The executor: a queue of request batches run one at a time, in arrival order.
 class Executor {
  public:
-  Executor(Session* session, fabric::Endpoint* endpoint) : session_(session), endpoint_(endpoint) {}
+  Executor(Session* session, fabric::Endpoint* endpoint) : session_(session), endpoint_(endpoint), waiter_(endpoint) {}
   ~Executor() { Stop(); }
 
   void Start(fabric::PeerId client) {
     client_ = client;
+    waiter_.Start(client);
     thread_ = std::thread([this] { Loop(); });
   }
   void Push(std::vector<uint8_t> msg) {
@@ -86,6 +125,8 @@ class Executor {
         Status st = endpoint_->Send(client_, std::move(out.reply));
         if (!st.ok()) log::Warn("cannot send a reply: {}", st.ToString());
       }
+      // After the batch's own replies, so replies leave in the order of their commands.
+      if (!out.late.empty()) waiter_.Push(std::move(out.late));
       if (out.goodbye) {
         goodbye_.store(true);
         endpoint_->Interrupt();
@@ -101,6 +142,7 @@ class Executor {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::vector<uint8_t>> queue_;
+  Waiter waiter_;
   bool stop_ = false;
   std::atomic<bool> goodbye_{false};
 };
@@ -140,7 +182,7 @@ int RunWorker(const WorkerOptions& opt) {
   ::close(opt.status_fd);
   log::Info("session worker on {} ({}), waiting for Attach", ep->address(), backend.value()->name());
 
-  Session session(backend.value().get(), opt.session_key);
+  Session session(backend.value().get(), opt.session_key, /*defer_replies=*/true);
   Executor executor(&session, ep.get());
   std::unique_ptr<FabricBulk> bulk;
   std::optional<fabric::PeerId> client;
@@ -171,6 +213,10 @@ int RunWorker(const WorkerOptions& opt) {
       BatchOutcome out = session.HandleBatch(e.data);
       if (!out.reply.empty()) {
         Status st = ep->Send(e.peer, std::move(out.reply));
+        if (!st.ok()) log::Warn("cannot send a reply: {}", st.ToString());
+      }
+      for (LateReply& late : out.late) {  // the waiter is not started yet: finish them here
+        Status st = ep->Send(e.peer, late());
         if (!st.ok()) log::Warn("cannot send a reply: {}", st.ToString());
       }
       if (out.refuse_peer) {

@@ -269,16 +269,28 @@ Status OpenCLBackend::WaitOnHost(Enqueue& e) {
 }
 
 Status OpenCLBackend::FinishDevice(uint32_t device) {
-  if (cl_command_queue q = devices_[device].default_queue.get()) {
-    cl_int err = clFinish(q);
-    if (err != CL_SUCCESS) return ClError(err, "clFinish", "default queue");
+  std::vector<cl_command_queue> queues;
+  if (cl_command_queue q = devices_[device].default_queue.get()) queues.push_back(q);
+  for (auto& [h, s] : streams_)
+    if (s.device == device) queues.push_back(s.queue.get());
+  return FinishLater(std::move(queues));
+}
+
+// The queues are retained so the wait, run later off the executor, owns what it finishes.
+Status OpenCLBackend::FinishLater(std::vector<cl_command_queue> queues) {
+  auto held = std::make_shared<std::vector<QueueRef>>();
+  for (cl_command_queue q : queues) {
+    clRetainCommandQueue(q);
+    held->emplace_back(q);
+    clFlush(q);
   }
-  for (auto& [h, s] : streams_) {
-    if (s.device != device) continue;
-    cl_int err = clFinish(s.queue.get());
-    if (err != CL_SUCCESS) return ClError(err, "clFinish", fmt::format("stream {:#x}", h));
-  }
-  return Status::Ok();
+  return ReplyLater([held] {
+    for (const QueueRef& q : *held) {
+      cl_int err = clFinish(q.get());
+      if (err != CL_SUCCESS) return ClError(err, "clFinish");
+    }
+    return Status::Ok();
+  });
 }
 
 Status OpenCLBackend::OnDeviceSync(const ir::DeviceSyncReq& req, ir::DeviceSyncRep*) {

@@ -165,6 +165,7 @@ class OpenCLBackend : public Backend {
   // on device events between chunks).
   Status WaitOnHost(Enqueue& e);
   Status FinishDevice(uint32_t device);
+  Status FinishLater(std::vector<cl_command_queue> queues);
 
   // ---- memory (opencl_memory.cc) ----
   Status WriteInline(const ir::BufferWriteReq& req, Buffer& b, Enqueue& e);

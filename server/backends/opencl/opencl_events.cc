@@ -34,18 +34,16 @@ Status OpenCLBackend::OnStreamDestroy(const ir::StreamDestroyReq& req, ir::Strea
 
 // Stream 0 stands for every device's default queue.
 Status OpenCLBackend::OnStreamSync(const ir::StreamSyncReq& req, ir::StreamSyncRep*) {
+  std::vector<cl_command_queue> queues;
   if (req.stream == 0) {
-    for (Device& d : devices_) {
-      if (!d.default_queue) continue;
-      cl_int err = clFinish(d.default_queue.get());
-      if (err != CL_SUCCESS) return ClError(err, "clFinish", d.name);
-    }
-    return Status::Ok();
+    for (Device& d : devices_)
+      if (d.default_queue) queues.push_back(d.default_queue.get());
+  } else {
+    auto s = Find(streams_, req.stream, "stream");
+    if (!s.ok()) return s.status();
+    queues.push_back(s.value()->queue.get());
   }
-  auto s = Find(streams_, req.stream, "stream");
-  if (!s.ok()) return s.status();
-  cl_int err = clFinish(s.value()->queue.get());
-  return err == CL_SUCCESS ? Status::Ok() : ClError(err, "clFinish");
+  return FinishLater(std::move(queues));
 }
 
 Status OpenCLBackend::OnStreamFlush(const ir::StreamFlushReq& req, ir::StreamFlushRep*) {

@@ -128,13 +128,21 @@ Status OpenCLBackend::OnBufferRead(const ir::BufferReadReq& req, ir::BufferReadR
   if (req.size > ir::kMaxBytes)
     return Status::Invalid(
         fmt::format("an inline read of {} bytes exceeds {}; give a remote region", req.size, ir::kMaxBytes));
-  // Complete before replying: the data travels in the reply.
+  // Enqueued in order, waited for off the executor: the data travels in the reply, which
+  // leaves when the read is done (the reply object outlives the wait).
   rep->data.resize(req.size);
-  cl_int err = clEnqueueReadBuffer(e.queue, b.value()->mem.get(), CL_TRUE, req.offset, req.size, rep->data.data(),
-                                   e.num_wait(), e.wait_list(), e.event_out());
+  cl_int err = clEnqueueReadBuffer(e.queue, b.value()->mem.get(), CL_FALSE, req.offset, req.size, rep->data.data(),
+                                   e.num_wait(), e.wait_list(), e.event_out(true));
   if (err != CL_SUCCESS) return ClError(err, "clEnqueueReadBuffer");
+  clRetainEvent(e.done);
+  auto done = std::make_shared<EventRef>(e.done);
   Complete(e);
-  return Status::Ok();
+  clFlush(e.queue);
+  return ReplyLater([done] {
+    cl_event ev = done->get();
+    cl_int err = clWaitForEvents(1, &ev);
+    return err == CL_SUCCESS ? Status::Ok() : ClError(err, "clWaitForEvents", "read back");
+  });
 }
 
 // By RMA: each chunk is read from the device into a staging chunk, then written to the

@@ -44,6 +44,15 @@ class Backend {
   // of the replies of the batch, so it reaches the program before the sync that made it.
   virtual std::vector<std::pair<uint32_t, std::string>> TakeOutput() { return {}; }
 
+  // Replies that wait on the device (a read back, a synchronize) need not block the
+  // session's queue: a backend enqueues the work in order, then returns ReplyLater(wait).
+  // When the session allows it, `wait` runs on the session's waiter thread and the reply
+  // leaves when it returns, while later commands (an event query, another enqueue) go on;
+  // otherwise (direct calls, tests) it runs at once. `wait` must not touch the backend's
+  // handle tables: it captures what it needs.
+  void AllowDeferredReplies(bool allow) { defer_allowed_ = allow; }
+  std::function<Status()> TakeDeferredReply() { return std::exchange(deferred_reply_, nullptr); }
+
   // Urgent commands (ir::kUrgent; today OnUserEventSet) are called from the worker's receive
   // thread while the executor may be inside any other method: they must be thread-safe.
 #define X(op, Name, flags, req, rep)                                   \
@@ -54,7 +63,16 @@ class Backend {
 #undef X
 
  protected:
+  Status ReplyLater(std::function<Status()> wait) {
+    if (!defer_allowed_) return wait();
+    deferred_reply_ = std::move(wait);
+    return Status::Ok();
+  }
   BulkIO* bulk_ = nullptr;
+
+ private:
+  bool defer_allowed_ = false;
+  std::function<Status()> deferred_reply_;
 };
 
 // nullptr + status when the API or its devices are missing.

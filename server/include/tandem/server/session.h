@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <unordered_map>
@@ -16,8 +17,14 @@
 
 namespace tandem::server {
 
+// A reply that waits on the device: run it (it blocks), then send what it returns.
+using LateReply = std::function<std::vector<uint8_t>()>;
+
 struct BatchOutcome {
   std::vector<uint8_t> reply;  // one reply batch to send; empty when no record needed a reply
+  // Replies deferred by the backend (Backend::ReplyLater), in order: send `reply` first,
+  // then run these one after another off the executor (the worker's waiter thread).
+  std::vector<LateReply> late;
   bool refuse_peer = false;    // not authenticated: send `reply`, then close the peer
   bool goodbye = false;        // the client ended the session
 };
@@ -27,7 +34,9 @@ class Session {
   // Deferred asynchronous errors kept at most between two replies (the rest are counted).
   static constexpr size_t kMaxDeferred = 256;
 
-  Session(Backend* backend, uint64_t session_key);
+  // With defer_replies, replies that wait on the device come back in BatchOutcome::late
+  // instead of blocking HandleBatch.
+  Session(Backend* backend, uint64_t session_key, bool defer_replies = false);
 
   // Runs one incoming message (a request batch) record by record, in order. Until the
   // session is attached, only an Attach with the right key as first record is accepted.
@@ -85,6 +94,7 @@ class Session {
   std::vector<ir::AsyncError> deferred_;
   uint64_t deferred_dropped_ = 0;
   std::unordered_map<uint64_t, FailedEvent> failed_events_;
+  std::vector<LateReply> late_;
 };
 
 }  // namespace tandem::server
