@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The GPU machine's run, in one command: build everything, run the whole test suite there
+# (the CUDA suite natively vs through Tandem, the CUDA backend tests, the OpenCL examples and
+# clinfo against NVIDIA's OpenCL, the fabric/server/front-end tests) and the main job.
+# Logs go to $OUT (the device tool's output folder) or ./gpu-out. Before it, on a machine
+# with the -dev packages: bash scripts/device-deps.sh (the GPU machine lacks two headers).
+#   device tool: run(command="bash scripts/gpu-check.sh", carry=[".deps"])
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+OUT=${OUT:-$ROOT/gpu-out}
+B=${TANDEM_BUILD_DIR:-/tmp/tandem-gpu}
+mkdir -p "$OUT"
+export POCL_CACHE_DIR=$B/pocl-cache
+mkdir -p "$POCL_CACHE_DIR"
+
+{ nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nproc; } 2>&1 | tee "$OUT/machine.txt"
+# Warnings are logged, not fatal, here: CI (-Werror, g++ 12) is where they must be zero.
+cmake -S "$ROOT" -B "$B" -G Ninja -DTANDEM_WERROR=OFF >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
+if ! ninja -C "$B" >"$OUT/build.log" 2>&1; then
+  grep -E "error|FAILED" "$OUT/build.log" | head -40
+  exit 1
+fi
+grep -c "warning:" "$OUT/build.log" | sed 's/^/build warnings: /'
+
+ctest --test-dir "$B" --timeout 300 -j8 --output-on-failure >"$OUT/ctest.log" 2>&1
+rc=$?
+cp "$B/Testing/Temporary/LastTest.log" "$OUT/LastTest.log" 2>/dev/null
+# The CUDA suite's own summary (native vs Tandem per program).
+grep -E "^(PASS|FAIL|SKIP)|passed, [0-9]+ failed" "$OUT/LastTest.log" | sort -u | head -60
+
+TANDEM_SKIP_SETUP=1 TANDEM_BUILD_DIR=$B timeout 120 bash "$ROOT/scripts/run-main.sh" >"$OUT/main.log" 2>&1
+echo "main job: exit $?"; tail -5 "$OUT/main.log"
+
+grep -E "tests passed|tests failed|\*\*\*Failed|Not Run|Timeout" "$OUT/ctest.log" | tail -30
+exit $rc
