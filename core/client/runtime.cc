@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -85,10 +87,28 @@ class RuntimeImpl final : public Runtime {
   void Shutdown() override {
     // Once: the program may call it and atexit calls it again.
     if (shut_down_.exchange(true)) return;
-    for (auto& s : sessions_) {
-      if (!s->health().ok()) continue;
-      s->Post(ir::GoodbyeReq{});
-      s->Flush();
+    // Goodbyes only spare the servers their idle timeout: a server that died unnoticed
+    // (sends to it retry for seconds) must not hold up the program's exit.
+    struct Done {
+      std::mutex m;
+      std::condition_variable cv;
+      bool done = false;
+    };
+    auto done = std::make_shared<Done>();
+    std::thread([this, done] {
+      for (auto& s : sessions_) {
+        if (!s->health().ok()) continue;
+        s->Post(ir::GoodbyeReq{});
+        s->Flush();
+      }
+      std::lock_guard<std::mutex> l(done->m);
+      done->done = true;
+      done->cv.notify_all();
+    }).detach();
+    {
+      std::unique_lock<std::mutex> l(done->m);
+      if (!done->cv.wait_for(l, std::chrono::seconds(1), [&] { return done->done; }))
+        log::Warn("a server did not take its goodbye within 1 s; exiting anyway");
     }
     if (Stats::Enabled()) {
       std::fflush(stdout);  // the summary follows the program's own output
