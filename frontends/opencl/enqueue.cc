@@ -191,43 +191,6 @@ void* AlignedStaging(size_t size) {
   return std::aligned_alloc(kAlign, (size + kAlign - 1) / kAlign * kAlign);
 }
 
-// A sub-buffer argument that starts inside its buffer. Launch arguments name whole buffers
-// (the IR has no offset for them yet), so such a view runs on a device-side copy of its
-// range that is copied back after the kernel.
-struct Staged {
-  uint64_t temp, root, offset, size;
-};
-
-// copy-ins -> launch -> copy-backs, chained by events so out-of-order queues keep the
-// order too; the launch's own signal moves to a marker after the copy-backs.
-void LaunchStaged(cl_command_queue q, ir::LaunchReq req, const std::vector<Staged>& staged) {
-  WarnOnce("OpenCL: sub-buffers that start inside their buffer are passed to kernels through device-side copies");
-  client::Session& s = q->session();
-  auto& rt = client::Runtime::Get();
-  uint32_t device = q->device->remote->remote_index;
-  std::vector<uint64_t> events, copied, returned;
-  for (const Staged& st : staged) {
-    copied.push_back(rt.NewHandle());
-    s.Post(ir::BufferAllocReq{st.temp, device, st.size, 0, 0});
-    s.Post(ir::BufferCopyReq{q->stream, st.root, st.offset, st.temp, 0, st.size, req.wait, copied.back()});
-  }
-  uint64_t signal = req.signal;
-  uint64_t launched = rt.NewHandle();
-  req.wait = copied;
-  req.signal = launched;
-  s.Post(req);
-  for (const Staged& st : staged) {
-    returned.push_back(rt.NewHandle());
-    s.Post(ir::BufferCopyReq{q->stream, st.temp, 0, st.root, st.offset, st.size, {launched}, returned.back()});
-  }
-  if (signal) s.Post(ir::MarkerReq{q->stream, 0, returned, signal});
-  for (const Staged& st : staged) s.Post(ir::BufferFreeReq{st.temp});
-  events = copied;
-  events.push_back(launched);
-  events.insert(events.end(), returned.begin(), returned.end());
-  for (uint64_t e : events) s.Post(ir::EventDestroyReq{e});
-}
-
 }  // namespace
 
 // ---- reads and writes ---------------------------------------------------------------------------
@@ -522,26 +485,19 @@ cl_int EnqueueNDRangeKernel(cl_command_queue q, cl_kernel k, cl_uint dims, const
   req.grid.assign(global, global + dims);
   if (local) req.block.assign(local, local + dims);
   if (global_offset) req.offset.assign(global_offset, global_offset + dims);
-  std::vector<Staged> staged;
   {
     std::lock_guard lock(k->mu);
     for (const auto& a : k->args) {
       if (!a.set) return End(cmd, out, CL_INVALID_KERNEL_ARGS);
       WaitReady(cmd, a.ready);
       req.args.push_back(ir::LaunchArg{static_cast<uint32_t>(a.kind), a.value, a.data});
-      if (a.offset) {
-        staged.push_back(Staged{client::Runtime::Get().NewHandle(), a.value, a.offset, a.size});
-        req.args.back().value = staged.back().temp;
-      }
+      // A sub-buffer inside its buffer: the server passes the kernel a sub-buffer of that range.
+      if (a.kind == ir::ArgKind::kBuffer && a.offset) req.args.back().data = ir::SubRange(a.offset, a.size);
     }
   }
   req.wait = std::move(cmd.wait);
   req.signal = cmd.signal();
-  if (staged.empty()) {
-    q->session().Post(req);
-  } else {
-    LaunchStaged(q, std::move(req), staged);
-  }
+  q->session().Post(req);
   return End(cmd, out, CL_SUCCESS);
 }
 

@@ -241,14 +241,11 @@ int RunWorker(const WorkerOptions& opt) {
     }
     executor.Push(std::move(e.data));
   }
-  // Goodbye: the executor is done, so the session can be torn down in order.
+  // Goodbye: the executor is done. Ending the process frees the session at once; an
+  // in-process teardown of a GPU driver's contexts can take seconds the broker would
+  // count as a live session.
   executor.Stop();
-  log::Info("session ends: goodbye");
-  backend.value()->set_bulk(nullptr);
-  bulk.reset();
-  backend.value().reset();
-  ep.reset();
-  return 0;
+  EndNow("goodbye");
 }
 
 }  // namespace tandem::server

@@ -36,9 +36,10 @@ class Live : public ::testing::Test {
 test::Daemon* Live::daemon_ = nullptr;
 
 TEST_F(Live, DiscoversDevicesWithProperties) {
+  // Every OpenCL device of the server's platforms (PoCL here; NVIDIA and PoCL on a GPU host).
   auto devs = Runtime::Get().Devices(Api::kOpenCL);
-  ASSERT_EQ(devs.size(), 1u);
-  EXPECT_EQ(devs[0]->index, 0u);
+  ASSERT_GE(devs.size(), 1u);
+  for (size_t i = 0; i < devs.size(); ++i) EXPECT_EQ(devs[i]->index, i);
   EXPECT_FALSE(devs[0]->info.name.empty());
   const ir::bytes* name = devs[0]->Prop(kClDeviceName);
   ASSERT_NE(name, nullptr);

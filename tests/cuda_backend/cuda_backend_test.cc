@@ -332,7 +332,7 @@ TEST_F(CudaBackendTest, MemoryRoundTripAndAbsoluteAddressing) {
   EXPECT_EQ(b_->OnBufferFree({2}, nullptr).code(), Code::kUnknownHandle);
   EXPECT_EQ(Read(0, kBase + 4 * g, 4).status().code(), Code::kInvalidArgument);
   // The freed range can be mapped again.
-  ASSERT_OK(Alloc(4, kBase + 4 * g, 64));
+  ASSERT_OK(Alloc(4, kBase + 4 * g, pattern.size()));
   ASSERT_OK(Write(4, 0, pattern));
 }
 

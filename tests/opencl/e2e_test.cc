@@ -132,6 +132,12 @@ void PointLoaderAtTandem(const std::string& servers) {
   g_loader_pointed = true;
   setenv("TANDEM_SERVERS", servers.c_str(), 1);
   setenv("OCL_ICD_VENDORS", TANDEM_ICD_DIR, 1);
+  // The Khronos loader (CUDA ships one, first in the GPU machine's library cache) ignores
+  // OCL_ICD_VENDORS and loads exactly OCL_ICD_FILENAMES: name Tandem's library there too.
+  std::ifstream icd(std::string(TANDEM_ICD_DIR) + "/tandem.icd");
+  std::string library;
+  std::getline(icd, library);
+  setenv("OCL_ICD_FILENAMES", library.c_str(), 1);
   setenv("TANDEM_CONNECT_TIMEOUT_MS", "5000", 1);
 }
 

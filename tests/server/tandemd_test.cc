@@ -255,15 +255,21 @@ TEST(Tandemd, BadRangesAndForeignHandlesAreRefused) {
   w.AddRequest(ir::BufferCopyReq{0, 0x20, 1000, 0x20, 0, 100, {}, 0}, 4);  // async: deferred
   w.AddRequest(ir::BufferCopyReq{0, 0x20, 0, 0x20, ~0ull - 10, 100, {}, 0}, 5, ir::kRecordWantReply);
   w.AddRequest(ir::DeviceSyncReq{0}, 6);
-  ReplyBatch r = b.Exchange(sb->worker, w.Finish());
-  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
-  ASSERT_EQ(r.records.size(), 2u);
+  std::vector<ReplyBatch> replies = b.ExchangeAll(sb->worker, w.Finish(), 2);
+  std::vector<std::pair<const ReplyBatch*, size_t>> records;  // in arrival order
+  for (const ReplyBatch& r : replies) {
+    ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+    for (size_t i = 0; i < r.records.size(); ++i) records.emplace_back(&r, i);
+  }
+  ASSERT_EQ(records.size(), 2u);
   ir::ReplyHead head;
-  EXPECT_EQ(r.RecordStatus(0, &head).code(), Code::kInvalidArgument);
+  EXPECT_EQ(records[0].first->records[records[0].second].header.seq, 5u);
+  EXPECT_EQ(records[0].first->RecordStatus(records[0].second, &head).code(), Code::kInvalidArgument);
   ASSERT_EQ(head.deferred.size(), 1u);
   EXPECT_EQ(head.deferred[0].seq, 4u);
   EXPECT_EQ(head.deferred[0].code, static_cast<uint32_t>(Code::kInvalidArgument));
-  EXPECT_TRUE(r.RecordStatus(1).ok());
+  EXPECT_EQ(records[1].first->records[records[1].second].header.seq, 6u);
+  EXPECT_TRUE(records[1].first->RecordStatus(records[1].second).ok());
 
   // Nor can B attach to A's session, even with A's key.
   auto wa = b.Connect(fmt::format("127.0.0.1:{}", sa->hello.session_port));

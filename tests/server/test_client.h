@@ -59,6 +59,19 @@ class TestClient {
     if (!st.ok()) return ReplyBatch{st, {}, {}};
     return Receive(peer, timeout);
   }
+  // The replies to `records` records, which may come in several messages: a reply that
+  // waits on the device (a read back, a synchronize) leaves after its batch's others.
+  std::vector<ReplyBatch> ExchangeAll(fabric::PeerId peer, std::vector<uint8_t> bytes, size_t records,
+                                      std::chrono::milliseconds timeout = 30s) {
+    std::vector<ReplyBatch> out;
+    out.push_back(Exchange(peer, std::move(bytes), timeout));
+    size_t got = out.back().records.size();
+    while (out.back().status.ok() && got < records) {
+      out.push_back(Receive(peer, timeout));
+      got += out.back().records.size();
+    }
+    return out;
+  }
 
   ReplyBatch Receive(fabric::PeerId peer, std::chrono::milliseconds timeout = 30s) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;

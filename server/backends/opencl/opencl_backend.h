@@ -14,6 +14,7 @@
 
 #include <string>
 #include <string_view>
+#include <map>
 #include <mutex>
 #include <unordered_map>
 #include <utility>
@@ -73,6 +74,8 @@ struct Buffer {
   MemRef mem;
   uint32_t device = 0;
   uint64_t size = 0;
+  // Sub-buffers passed to kernels, by (origin, size); made once, freed with the buffer.
+  std::map<std::pair<uint64_t, uint64_t>, MemRef> views;
 };
 struct Module {
   ProgramRef program;
@@ -166,6 +169,7 @@ class OpenCLBackend : public Backend {
   Status WaitOnHost(Enqueue& e);
   Status FinishDevice(uint32_t device);
   Status FinishLater(std::vector<cl_command_queue> queues);
+  Result<cl_mem> SubBuffer(Buffer& b, uint64_t handle, const ir::bytes& range);
 
   // ---- memory (opencl_memory.cc) ----
   Status WriteInline(const ir::BufferWriteReq& req, Buffer& b, Enqueue& e);

@@ -7,6 +7,27 @@
 #include "opencl_backend.h"
 
 namespace tandem::server::opencl {
+
+// The kernel argument for a sub-buffer: a real clCreateSubBuffer of the range, so the
+// device's own rules (alignment of the origin) apply exactly as natively.
+Result<cl_mem> OpenCLBackend::SubBuffer(Buffer& b, uint64_t handle, const ir::bytes& range) {
+  uint64_t origin = 0, size = 0;
+  if (!ir::ParseSubRange(range, &origin, &size)) return Status::Invalid("a buffer argument's range is not 16 bytes");
+  TANDEM_RETURN_IF_ERROR(CheckRange(b, handle, origin, size));
+  if (size == 0) return Status::Invalid("a sub-buffer of 0 bytes");
+  auto& view = b.views[{origin, size}];
+  if (!view) {
+    cl_buffer_region region{origin, size};
+    cl_int err = CL_SUCCESS;
+    cl_mem m = clCreateSubBuffer(b.mem.get(), 0, CL_BUFFER_CREATE_TYPE_REGION, &region, &err);
+    if (err != CL_SUCCESS) {
+      b.views.erase({origin, size});
+      return ClError(err, "clCreateSubBuffer", fmt::format("origin {} size {}", origin, size));
+    }
+    view.reset(m);
+  }
+  return view.get();
+}
 namespace {
 
 Status CheckVector(const ir::u64s& v, uint32_t dims, bool optional, std::string_view what) {
@@ -43,8 +64,8 @@ Status OpenCLBackend::OnLaunch(const ir::LaunchReq& req, ir::LaunchRep*) {
   for (cl_uint i = 0; i < req.args.size(); ++i) {
     const ir::LaunchArg& a = req.args[i];
     const auto kind = static_cast<ir::ArgKind>(a.kind);
-    if (kind != ir::ArgKind::kBytes && !a.data.empty())
-      return Status::Invalid(fmt::format("argument {}: only byte arguments carry data", i));
+    if (kind != ir::ArgKind::kBytes && kind != ir::ArgKind::kBuffer && !a.data.empty())
+      return Status::Invalid(fmt::format("argument {}: only byte and buffer arguments carry data", i));
     cl_int err = CL_SUCCESS;
     switch (kind) {
       case ir::ArgKind::kBytes:
@@ -58,6 +79,12 @@ Status OpenCLBackend::OnLaunch(const ir::LaunchReq& req, ir::LaunchRep*) {
           return Status::Invalid(fmt::format("argument {}: buffer {:#x} is on device {}, the kernel on device {}", i,
                                              a.value, b.value()->device, fn.device));
         cl_mem mem = b.value()->mem.get();
+        if (!a.data.empty()) {
+          auto view = SubBuffer(*b.value(), a.value, a.data);
+          if (!view.ok()) return Status(view.status().code(), fmt::format("argument {}: {}", i, view.status().message()),
+                                        view.status().native(), view.status().api());
+          mem = view.value();
+        }
         err = clSetKernelArg(fn.kernel.get(), i, sizeof(cl_mem), &mem);
         break;
       }

@@ -153,7 +153,26 @@ void ForEachCommand(Fn&& f) {
 }
 
 // ---- API-neutral enums carried in fields --------------------------------------------------
+// LaunchArg kinds. kBuffer: value = buffer handle; data empty (the whole buffer) or
+// SubRange(origin, size) (an OpenCL sub-buffer of that range, as clCreateSubBuffer makes).
 enum class ArgKind : uint32_t { kBytes = 0, kBuffer = 1, kLocal = 2, kNullBuffer = 3 };
+inline bytes SubRange(uint64_t origin, uint64_t size) {
+  bytes b(16);
+  for (int i = 0; i < 8; ++i) {
+    b[i] = static_cast<uint8_t>(origin >> (8 * i));
+    b[8 + i] = static_cast<uint8_t>(size >> (8 * i));
+  }
+  return b;
+}
+inline bool ParseSubRange(const bytes& b, uint64_t* origin, uint64_t* size) {
+  if (b.size() != 16) return false;
+  *origin = *size = 0;
+  for (int i = 0; i < 8; ++i) {
+    *origin |= static_cast<uint64_t>(b[i]) << (8 * i);
+    *size |= static_cast<uint64_t>(b[8 + i]) << (8 * i);
+  }
+  return true;
+}
 enum class ParamKind : uint32_t { kValue = 0, kGlobal = 1, kLocal = 2, kConstant = 3, kSampler = 4, kImage = 5 };
 enum class ModuleKind : uint32_t { kOpenCLSource = 1, kOpenCLBinary = 2, kCudaImage = 3 };
 enum StreamFlags : uint32_t { kStreamProfiling = 1, kStreamOutOfOrder = 2, kStreamNonBlocking = 4 };
