@@ -760,9 +760,12 @@ TEST_F(Tandem, UserEventsAndCallbacks) {
   // On an event already complete, the callback still runs on the library's thread.
   CallbackLog late;
   ASSERT_EQ(clSetEventCallback(run, CL_COMPLETE, Record, &late), CL_SUCCESS);
+  // Sleep without the lock: the callback needs it to record its call.
   for (int i = 0; i < 1000; ++i) {
-    std::lock_guard lock(late.mu);
-    if (!late.calls.empty()) break;
+    {
+      std::lock_guard lock(late.mu);
+      if (!late.calls.empty()) break;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   {
