@@ -27,6 +27,11 @@ Status Completion::Wait() {
 Status WriteBuffer(Session& s, ir::BufferWriteReq req, const void* src, bool blocking,
                    std::function<void(const Status&)> done) {
   if (!UseRma(s, req.size)) {
+    // Posted without a reply: a lost server must be reported here, not as a silent drop.
+    if (Status h = s.health(); !h.ok()) {
+      if (done) done(h);
+      return h;
+    }
     const auto* p = static_cast<const uint8_t*>(src);
     req.data.assign(p, p + req.size);
     req.remote = {};

@@ -122,6 +122,8 @@ class RuntimeImpl final : public Runtime {
   template <class Req>
   Result<typename Req::Reply> Exchange(fabric::PeerId peer, const Req& req, const std::string& server);
   void ReceiveLoop();
+  void FlushLoop();
+  void WakeFlusher();
 
   Status status_;
   std::unique_ptr<fabric::Endpoint> ep_;
@@ -129,7 +131,9 @@ class RuntimeImpl final : public Runtime {
   std::vector<std::unique_ptr<Device>> devices_;
   std::atomic<uint64_t> next_handle_{1};
   std::atomic<bool> shut_down_{false};
-  std::thread receiver_;
+  std::mutex flush_mu_;
+  std::condition_variable flush_cv_;
+  bool flush_kick_ = false;
   std::chrono::milliseconds connect_timeout_ = EnvMillis("TANDEM_CONNECT_TIMEOUT_MS", 5000);
 };
 
@@ -160,8 +164,10 @@ void RuntimeImpl::Init() {
     status_ = Status(Code::kLinkLost, "no Tandem server answered (" + failures + ")");
     return;
   }
-  receiver_ = std::thread([this] { ReceiveLoop(); });
-  receiver_.detach();  // the runtime lives until the process ends
+  // Both live until the process ends: the receiver only reads replies, the flusher sends
+  // late batches and pings, so a send stuck on a dead server never stops replies.
+  std::thread([this] { ReceiveLoop(); }).detach();
+  std::thread([this] { FlushLoop(); }).detach();
 
   // Learn every device, pipelined per session.
   for (auto& s : sessions_) {
@@ -243,19 +249,36 @@ Status RuntimeImpl::Connect(const std::string& server_spec) {
   }
   log::Info("connected to {} ({}, {} devices, session port {})", server, attach->backend, attach->device_count,
             hello->session_port);
-  auto s = std::make_unique<SessionImpl>(ep_.get(), *worker, server, attach->backend, [this] { ep_->Interrupt(); });
+  auto s = std::make_unique<SessionImpl>(ep_.get(), *worker, server, attach->backend, [this] { WakeFlusher(); });
   s->device_count_hint = attach->device_count;
   sessions_.push_back(std::move(s));
   return Status::Ok();
 }
 
-void RuntimeImpl::ReceiveLoop() {
+void RuntimeImpl::WakeFlusher() {
+  {
+    std::lock_guard<std::mutex> l(flush_mu_);
+    flush_kick_ = true;
+  }
+  flush_cv_.notify_one();
+}
+
+void RuntimeImpl::FlushLoop() {
+  std::unique_lock<std::mutex> l(flush_mu_);
   for (;;) {
+    l.unlock();
     auto now = Clock::now();
     Clock::duration wait = std::chrono::milliseconds(200);
     for (auto& s : sessions_) wait = std::min(wait, s->Tick(now));
-    auto ev = ep_->Next(std::max(std::chrono::duration_cast<std::chrono::milliseconds>(wait),
-                                 std::chrono::milliseconds(wait > Clock::duration::zero() ? 1 : 0)));
+    l.lock();
+    flush_cv_.wait_for(l, wait, [this] { return flush_kick_; });
+    flush_kick_ = false;
+  }
+}
+
+void RuntimeImpl::ReceiveLoop() {
+  for (;;) {
+    auto ev = ep_->Next(std::chrono::milliseconds(200));
     if (!ev.ok()) {
       if (ev.status().code() != Code::kTimeout) log::Debug("receiver: {}", ev.status().ToString());
       continue;

@@ -28,9 +28,9 @@ Clock::duration FailoverTimeout() {
 }  // namespace
 
 SessionImpl::SessionImpl(fabric::Endpoint* ep, fabric::PeerId peer, std::string server, std::string backend,
-                         std::function<void()> wake_receiver)
+                         std::function<void()> wake_flusher)
     : ep_(ep), peer_(peer), server_(std::move(server)), backend_(std::move(backend)),
-      wake_receiver_(std::move(wake_receiver)) {}
+      wake_flusher_(std::move(wake_flusher)) {}
 
 uint64_t SessionImpl::PostRaw(uint16_t opcode, std::vector<uint8_t> payload, RawReplyFn fn) {
   std::unique_lock<std::mutex> lock(mu_);
@@ -49,6 +49,12 @@ uint64_t SessionImpl::PostRaw(uint16_t opcode, std::vector<uint8_t> payload, Raw
   if (urgent && !batch_.empty()) {
     FlushLocked(lock);  // releases the lock
     lock.lock();
+    if (!health_.ok()) {  // that send lost the server: nothing will answer this one either
+      Status why = health_;
+      lock.unlock();
+      if (fn) fn(why, {});
+      return 0;
+    }
   }
   bool was_empty = batch_.empty();
   if (was_empty) batch_started_ = Clock::now();
@@ -60,7 +66,7 @@ uint64_t SessionImpl::PostRaw(uint16_t opcode, std::vector<uint8_t> payload, Raw
     if (!st.ok()) log::Warn("{}: send failed: {}", server_, st.ToString());
   } else if (was_empty) {
     lock.unlock();
-    wake_receiver_();  // so the batch leaves within kFlushDelay even if no sync follows
+    wake_flusher_();  // so the batch leaves within kFlushDelay even if no sync follows
   }
   return seq;
 }
@@ -71,15 +77,23 @@ Status SessionImpl::Flush() {
 }
 
 Status SessionImpl::FlushLocked(std::unique_lock<std::mutex>& lock) {
-  if (batch_.empty()) return health_;
+  if (batch_.empty()) {
+    Status h = health_;
+    lock.unlock();
+    return h;
+  }
   std::vector<uint8_t> msg = batch_.Finish();
   last_send_ = Clock::now();
   Stats::Get().messages_sent.fetch_add(1, std::memory_order_relaxed);
   Stats::Get().bytes_sent.fetch_add(msg.size(), std::memory_order_relaxed);
-  // Take the send lock before releasing the state lock so batches leave in seq order.
-  std::lock_guard<std::mutex> send_lock(send_mu_);
-  lock.unlock();
-  Status st = ep_->Send(peer_, std::move(msg));
+  Status st;
+  {
+    // Taken before the state lock is released, so batches leave in seq order.
+    std::lock_guard<std::mutex> send_lock(send_mu_);
+    lock.unlock();
+    st = ep_->Send(peer_, std::move(msg));
+  }
+  // Outside both locks: OnLost takes the state lock and runs the waiters' callbacks.
   if (!st.ok()) OnLost(Status(Code::kLinkLost, "sending to " + server_ + " failed: " + st.message()));
   return st;
 }
@@ -212,12 +226,8 @@ void SessionImpl::OnLost(const Status& why) {
 Clock::duration SessionImpl::Tick(Clock::time_point now) {
   std::unique_lock<std::mutex> lock(mu_);
   if (!health_.ok()) return kPingInterval;
-  if (!batch_.empty()) {
-    auto due = batch_started_ + kFlushDelay;
-    if (now < due) return due - now;
-    FlushLocked(lock);
-    return kPingInterval;
-  }
+  // Liveness first, so a session kept busy by a posting thread still notices a server
+  // that stopped answering.
   if (ping_outstanding_ && now - last_recv_ > FailoverTimeout()) {
     lock.unlock();
     OnLost(Status(Code::kServerLost, "no answer for " +
@@ -225,7 +235,15 @@ Clock::duration SessionImpl::Tick(Clock::time_point now) {
                                                             FailoverTimeout()).count()) + " ms"));
     return kPingInterval;
   }
-  if (!ping_outstanding_ && now - last_recv_ > kPingInterval && now - last_send_ > kPingInterval) {
+  if (!batch_.empty()) {
+    auto due = batch_started_ + kFlushDelay;
+    if (now < due) return due - now;
+    FlushLocked(lock);
+    return kPingInterval;
+  }
+  // Probe a link that has been quiet for a while: when idle, or when replies are awaited.
+  const bool awaited = !pending_.empty();
+  if (!ping_outstanding_ && now - last_recv_ > kPingInterval && (awaited || now - last_send_ > kPingInterval)) {
     ping_outstanding_ = true;
     lock.unlock();
     ir::PingReq ping{.nonce = static_cast<uint64_t>(now.time_since_epoch().count())};

@@ -16,7 +16,7 @@ using Clock = std::chrono::steady_clock;
 class SessionImpl final : public Session {
  public:
   SessionImpl(fabric::Endpoint* ep, fabric::PeerId peer, std::string server, std::string backend,
-              std::function<void()> wake_receiver);
+              std::function<void()> wake_flusher);
 
   const std::string& server() const override { return server_; }
   const std::string& backend() const override { return backend_; }
@@ -28,7 +28,7 @@ class SessionImpl final : public Session {
   std::vector<ir::AsyncError> TakeAsyncErrors() override;
   Status health() const override;
 
-  // ---- used by the receiver thread ----
+  // ---- used by the runtime's receiver and flusher threads ----
   fabric::PeerId peer() const { return peer_; }
   void OnMessage(std::span<const uint8_t> msg);
   // Fails every outstanding reply and refuses new work.
@@ -48,7 +48,7 @@ class SessionImpl final : public Session {
   const fabric::PeerId peer_;
   const std::string server_;
   const std::string backend_;
-  const std::function<void()> wake_receiver_;
+  const std::function<void()> wake_flusher_;
 
   mutable std::mutex mu_;
   std::mutex send_mu_;  // keeps batches in sequence order on the wire
