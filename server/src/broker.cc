@@ -213,6 +213,14 @@ bool Broker::OnHello(fabric::PeerId peer, const ir::Record& rec, ir::BatchWriter
                                nullptr);
     return false;
   }
+  Reap();
+  if (live_.size() >= opt_.max_sessions) {
+    log::Warn("refused a session for '{}': {} sessions are live (--max-sessions)", req.client, live_.size());
+    out.AddReply<ir::HelloRep>(rec.header.opcode, rec.header.seq,
+                               Status(Code::kOverload, fmt::format("the server already runs {} sessions", live_.size())),
+                               {}, nullptr);
+    return true;
+  }
   auto key = RandomKey();
   Result<Spawned> worker = key.ok() ? SpawnWorker(key.value(), false) : Result<Spawned>(key.status());
   if (!worker.ok()) {
@@ -258,8 +266,14 @@ void Broker::HandleMessage(fabric::PeerId peer, std::span<const uint8_t> msg) {
   bool keep_peer = true;
   Status st = ir::ParseBatch(msg, ir::BatchKind::kRequests, &records);
   if (!st.ok()) out.AddReply<ir::PingRep>(0, 0, st, {}, nullptr);
+  bool hello_seen = false;
   for (const ir::Record& rec : records) {
-    if (rec.header.opcode == static_cast<uint16_t>(ir::Opcode::kHello)) {
+    if (rec.header.opcode == static_cast<uint16_t>(ir::Opcode::kHello) && hello_seen) {
+      // One session per message: a batch of Hellos must not fork a worker per record.
+      out.AddReply<ir::HelloRep>(rec.header.opcode, rec.header.seq,
+                                 Status::Protocol("one Hello per message"), {}, nullptr);
+    } else if (rec.header.opcode == static_cast<uint16_t>(ir::Opcode::kHello)) {
+      hello_seen = true;
       keep_peer = OnHello(peer, rec, out);
     } else if (rec.header.opcode == static_cast<uint16_t>(ir::Opcode::kServerStatus)) {
       keep_peer = OnServerStatus(rec, out);

@@ -21,7 +21,8 @@ Status FabricBulk::Prepare(const ir::Region& remote, size_t len) {
   if (len > remote.len)
     return Status::Invalid(fmt::format("transfer of {} bytes exceeds the client region of {} bytes", len, remote.len));
   if (region_) return Status::Ok();
-  staging_ = static_cast<uint8_t*>(std::aligned_alloc(4096, kSlots * kChunk));
+  // Allocated once; a failed registration below keeps it for the next attempt.
+  if (!staging_) staging_ = static_cast<uint8_t*>(std::aligned_alloc(4096, kSlots * kChunk));
   if (!staging_) return Status(Code::kOutOfMemory, "cannot allocate the bulk staging chunks");
   auto mr = endpoint_->Register(staging_, kSlots * kChunk, fabric::kLocal);
   if (!mr.ok()) return mr.status();

@@ -68,6 +68,9 @@ int main(int argc, char** argv) {
   app.add_option("--devices", devices, "comma-separated indices of the backend's devices to serve");
   app.add_option("--session-timeout-ms", timeout_ms, "end a session after this long without a message")
       ->check(CLI::PositiveNumber);
+  uint32_t max_sessions = 64;
+  app.add_option("--max-sessions", max_sessions, "live sessions at most (more clients are refused, kOverload)")
+      ->check(CLI::PositiveNumber);
   // The worker role: started by the broker itself, never by users.
   WorkerOptions w;
   bool worker = false;
@@ -100,6 +103,7 @@ int main(int argc, char** argv) {
   b.backend = backend;
   b.devices = devices;
   b.session_timeout = std::chrono::milliseconds(timeout_ms);
+  b.max_sessions = max_sessions;
   if (!token_file.empty()) {
     std::string token;
     if (!ReadToken(token_file, &token)) {

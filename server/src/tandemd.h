@@ -19,6 +19,7 @@ struct BrokerOptions {
   std::string backend = "auto";      // opencl | cuda | auto
   std::string devices;               // backend device filter
   std::chrono::milliseconds session_timeout{10000};
+  uint32_t max_sessions = 64;        // live sessions at most; more Hellos get kOverload
 };
 
 struct WorkerOptions {

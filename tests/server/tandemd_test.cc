@@ -178,6 +178,27 @@ TEST(Tandemd, WrongOrMissingTokenIsRefusedAndTheLinkClosed) {
   EXPECT_EQ(LiveSessions(c, s->broker, "s3cret"), 1u);
 }
 
+// A server bounds the workers it forks: one Hello per message, and --max-sessions live.
+TEST(Tandemd, SessionsAreBounded) {
+  Daemon d({"--max-sessions", "1"});
+  ASSERT_FALSE(d.address().empty());
+  TestClient c;
+  auto broker = c.Connect(d.address());
+  ASSERT_TRUE(broker.ok());
+  ir::HelloReq hello{ir::kMagic, ir::kProtocolVersion, ir::kFeatureOpenCL, "", "bounded"};
+  ir::BatchWriter w(ir::BatchKind::kRequests);
+  w.AddRequest(hello, 1);
+  w.AddRequest(hello, 2);
+  ReplyBatch r = c.Exchange(broker.value(), w.Finish());
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  ASSERT_EQ(r.records.size(), 2u);
+  EXPECT_TRUE(r.RecordStatus(0).ok()) << r.RecordStatus(0).ToString();
+  EXPECT_EQ(r.RecordStatus(1).code(), Code::kProtocol);
+  // The first Hello's session is live (unattached): a second client is refused, clearly.
+  auto second = c.Call(broker.value(), hello);
+  EXPECT_EQ(second.status().code(), Code::kOverload) << second.status().ToString();
+}
+
 TEST(Tandemd, MalformedBatchesGetClearErrors) {
   Daemon d({});
   ASSERT_FALSE(d.address().empty());
