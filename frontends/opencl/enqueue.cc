@@ -142,8 +142,17 @@ struct Rect {
 cl_int MakeRect(const size_t* origin, const size_t* region, size_t row, size_t slice, Rect* r) {
   if (!origin || !region || region[0] == 0 || region[1] == 0 || region[2] == 0) return CL_INVALID_VALUE;
   if (row == 0) row = region[0];
-  if (slice == 0) slice = region[1] * row;
-  if (row < region[0] || slice < region[1] * row || slice % row) return CL_INVALID_VALUE;
+  size_t plane;  // bytes of one tight slice
+  if (__builtin_mul_overflow(region[1], row, &plane)) return CL_INVALID_VALUE;
+  if (slice == 0) slice = plane;
+  if (row < region[0] || slice < plane || slice % row) return CL_INVALID_VALUE;
+  // Every offset the rectangle reaches must be representable (RectEnd and Offset rely on it).
+  size_t z, y, end;
+  if (__builtin_add_overflow(origin[2], region[2] - 1, &z) || __builtin_mul_overflow(z, slice, &z) ||
+      __builtin_add_overflow(origin[1], region[1] - 1, &y) || __builtin_mul_overflow(y, row, &y) ||
+      __builtin_add_overflow(z, y, &end) || __builtin_add_overflow(end, origin[0], &end) ||
+      __builtin_add_overflow(end, region[0], &end))
+    return CL_INVALID_VALUE;
   *r = Rect{{origin[0], origin[1], origin[2]}, row, slice};
   return CL_SUCCESS;
 }

@@ -2,6 +2,7 @@
 // copy needs no lookup on the server. The client checks each range against its own
 // allocations first, as CUDA does, and tells host from device by address for
 // cudaMemcpyDefault. Pinned host memory travels by RMA with its cached registration.
+#include <algorithm>
 #include <cstring>
 
 #include "frontend.h"
@@ -159,6 +160,10 @@ cudaError_t Copy2D(void* dst, size_t dpitch, const void* src, size_t spitch, siz
                    cudaMemcpyKind kind, cudaStream_t stream, bool async) {
   if (width > dpitch || width > spitch) return cudaErrorInvalidPitchValue;
   if (width == 0 || height == 0) return cudaSuccess;
+  // The spans below, and every row's offset, must be representable.
+  size_t span;
+  if (__builtin_mul_overflow(std::max(dpitch, spitch), height - 1, &span) || __builtin_add_overflow(span, width, &span))
+    return cudaErrorInvalidValue;
   if (dpitch == width && spitch == width) return Copy(dst, src, width * height, kind, stream, async);
   Frontend& f = Frontend::Get();
   {
