@@ -1,4 +1,4 @@
-// The `tandem` command: `tandem info` and `tandem run`.
+// The `tandem` command: `tandem info`, `tandem run` and `tandem bench`.
 #include <CLI/CLI.hpp>
 
 #include "tandem_tool.h"
@@ -22,9 +22,14 @@ int main(int argc, char** argv) {
   run->positionals_at_end();
   run->footer("Example: tandem run --servers 127.0.0.1:7000 -- ./my_opencl_program --size 4096");
 
+  std::string bench_out = "bench-out";
+  CLI::App* bench = app.add_subcommand("bench", "Benchmark native against Tandem in one run (bench/run_bench.sh)");
+  bench->add_option("--out", bench_out, "Folder for table.txt, bench.json, bench.png")->capture_default_str();
+
   CLI11_PARSE(app, argc, argv);
 
   if (*info) return tandem::tool::Info(info_servers.empty() ? std::nullopt : std::optional(info_servers));
+  if (*bench) return tandem::tool::Bench(bench_out);
   if (run_servers.size()) run_opts.servers = run_servers;
   return tandem::tool::Run(run_opts);
 }

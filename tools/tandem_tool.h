@@ -29,5 +29,7 @@ struct RunOptions {
 
 int Info(const std::optional<std::string>& servers);
 int Run(const RunOptions& opts);
+// Runs <build>/bench/run_bench.sh with this build's tandemd; results go to out_dir.
+int Bench(const std::string& out_dir);
 
 }  // namespace tandem::tool

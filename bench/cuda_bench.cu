@@ -1,0 +1,188 @@
+// cuda_bench: an ordinary CUDA program (nvcc -cudart shared, nothing Tandem-specific) that
+// measures the costs Tandem adds. run_bench.sh runs it natively and through `tandem run`
+// and compares. Output: one line per measurement, `name value unit`, fixed names; notes go
+// to stderr. TANDEM_BENCH_QUICK=1: few repetitions, sizes up to 1 MiB (a smoke run).
+// Every CUDA call is checked; any error exits 1.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+using Clock = std::chrono::steady_clock;
+
+#define CK(call)                                                                            \
+  do {                                                                                      \
+    cudaError_t err_ = (call);                                                              \
+    if (err_ != cudaSuccess) {                                                              \
+      std::fprintf(stderr, "cuda_bench: %s:%d: %s: %s\n", __FILE__, __LINE__, #call,       \
+                   cudaGetErrorString(err_));                                               \
+      std::exit(1);                                                                         \
+    }                                                                                       \
+  } while (0)
+
+__global__ void empty_kernel() {}
+
+namespace {
+
+bool quick = false;
+
+double Us(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::micro>(b - a).count();
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+void Print(const char* name, double value, const char* unit) {
+  std::printf("%s %.4f %s\n", name, value, unit);
+  std::fflush(stdout);
+}
+
+int Reps(int full, int q) { return quick ? q : full; }
+
+void Launch() {
+  empty_kernel<<<1, 1>>>();
+  CK(cudaGetLastError());
+}
+
+// N launches then one synchronize, divided by N; median over repetitions.
+void LaunchAsync() {
+  const int n = Reps(1000, 20);
+  std::vector<double> per;
+  for (int r = 0; r < Reps(30, 3); ++r) {
+    auto t0 = Clock::now();
+    for (int i = 0; i < n; ++i) Launch();
+    CK(cudaDeviceSynchronize());
+    per.push_back(Us(t0, Clock::now()) / n);
+  }
+  Print("cuda_launch_async", Median(per), "us");
+}
+
+void LaunchSync() {
+  std::vector<double> t;
+  for (int r = 0; r < Reps(2000, 20); ++r) {
+    auto t0 = Clock::now();
+    Launch();
+    CK(cudaDeviceSynchronize());
+    t.push_back(Us(t0, Clock::now()));
+  }
+  Print("cuda_launch_sync", Median(t), "us");
+}
+
+void CopyLatency(void* dev, const char* label, size_t bytes) {
+  std::vector<char> host(bytes, 1);
+  for (bool h2d : {true, false}) {
+    std::vector<double> t;
+    for (int r = 0; r < Reps(2000, 20); ++r) {
+      auto t0 = Clock::now();
+      if (h2d) CK(cudaMemcpy(dev, host.data(), bytes, cudaMemcpyHostToDevice));
+      else CK(cudaMemcpy(host.data(), dev, bytes, cudaMemcpyDeviceToHost));
+      t.push_back(Us(t0, Clock::now()));
+    }
+    char name[64];
+    std::snprintf(name, sizeof name, "cuda_memcpy_%s_%s", h2d ? "h2d" : "d2h", label);
+    Print(name, Median(t), "us");
+  }
+}
+
+void Bandwidth(void* dev, bool pinned, const char* label, size_t bytes, int reps) {
+  char* host = nullptr;
+  std::vector<char> pageable;
+  if (pinned) {
+    CK(cudaMallocHost(&host, bytes));
+    std::memset(host, 1, bytes);
+  } else {
+    pageable.assign(bytes, 1);
+    host = pageable.data();
+  }
+  for (bool h2d : {true, false}) {
+    // One unmeasured copy first: page faults, pinning and first-touch costs.
+    if (h2d) CK(cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice));
+    else CK(cudaMemcpy(host, dev, bytes, cudaMemcpyDeviceToHost));
+    std::vector<double> gbs;
+    for (int r = 0; r < reps; ++r) {
+      auto t0 = Clock::now();
+      if (h2d) CK(cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice));
+      else CK(cudaMemcpy(host, dev, bytes, cudaMemcpyDeviceToHost));
+      gbs.push_back(bytes / (Us(t0, Clock::now()) * 1e3));
+    }
+    char name[64];
+    std::snprintf(name, sizeof name, "cuda_bw_%s_%s_%s", h2d ? "h2d" : "d2h", pinned ? "pinned" : "pageable", label);
+    Print(name, Median(gbs), "GB/s");
+  }
+  if (pinned) CK(cudaFreeHost(host));
+}
+
+// A small read back after the link has been idle for a while.
+void IdleReadback(void* dev) {
+  int v = 0;
+  std::vector<double> warm;
+  for (int r = 0; r < Reps(500, 10); ++r) {
+    auto t0 = Clock::now();
+    CK(cudaMemcpy(&v, dev, sizeof v, cudaMemcpyDeviceToHost));
+    warm.push_back(Us(t0, Clock::now()));
+  }
+  Print("cuda_readback_warm", Median(warm), "us");
+  struct Gap { double ms; const char* label; int reps; };
+  for (Gap g : {Gap{0.1, "0.1ms", 50}, Gap{1, "1ms", 50}, Gap{5, "5ms", 30}, Gap{20, "20ms", 20}, Gap{100, "100ms", 10}}) {
+    std::vector<double> t;
+    for (int r = 0; r < Reps(g.reps, 3); ++r) {
+      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(g.ms));
+      auto t0 = Clock::now();
+      CK(cudaMemcpy(&v, dev, sizeof v, cudaMemcpyDeviceToHost));
+      t.push_back(Us(t0, Clock::now()));
+    }
+    char name[64];
+    std::snprintf(name, sizeof name, "cuda_readback_idle_%s", g.label);
+    Print(name, Median(t), "us");
+  }
+}
+
+}  // namespace
+
+int main() {
+  const char* q = std::getenv("TANDEM_BENCH_QUICK");
+  quick = q && *q && std::strcmp(q, "0") != 0;
+  int count = 0;
+  CK(cudaGetDeviceCount(&count));
+  if (count < 1) {
+    std::fprintf(stderr, "cuda_bench: no CUDA device\n");
+    return 1;
+  }
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  std::fprintf(stderr, "cuda_bench: device 0: %s%s\n", prop.name, quick ? " (quick mode)" : "");
+  CK(cudaSetDevice(0));
+
+  const size_t max_bytes = quick ? (1u << 20) : (256u << 20);
+  void* dev = nullptr;
+  CK(cudaMalloc(&dev, max_bytes));
+  CK(cudaMemset(dev, 0, max_bytes));
+  // Warm-up: context, module load, first launches and copies.
+  for (int i = 0; i < 100; ++i) Launch();
+  CK(cudaDeviceSynchronize());
+
+  LaunchAsync();
+  LaunchSync();
+  CopyLatency(dev, "8B", 8);
+  CopyLatency(dev, "4KB", 4096);
+  struct Size { size_t bytes; const char* label; int reps; };
+  for (bool pinned : {false, true})
+    for (Size s : {Size{1u << 20, "1MiB", 100}, Size{64u << 20, "64MiB", 10}, Size{256u << 20, "256MiB", 5}}) {
+      if (s.bytes > max_bytes) continue;
+      Bandwidth(dev, pinned, s.label, s.bytes, Reps(s.reps, 3));
+    }
+  IdleReadback(dev);
+
+  CK(cudaFree(dev));
+  CK(cudaDeviceSynchronize());
+  return 0;
+}

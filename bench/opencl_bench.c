@@ -1,0 +1,254 @@
+/* opencl_bench: the OpenCL counterpart of cuda_bench, an ordinary OpenCL program with
+ * nothing Tandem-specific. It uses the first platform that has a device (through Tandem,
+ * Tandem's ICD is the only one visible). Output: `name value unit` per line, fixed names;
+ * notes go to stderr. TANDEM_BENCH_QUICK=1: few repetitions, sizes up to 1 MiB.
+ * Every OpenCL call is checked; any error exits 1. Host memory is ordinary (pageable)
+ * memory: OpenCL has no portable pinned-allocation call, so there is no pinned variant. */
+#define CL_TARGET_OPENCL_VERSION 120
+#define _POSIX_C_SOURCE 200809L
+#include <CL/cl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define CK(call)                                                                           \
+  do {                                                                                     \
+    cl_int err_ = (call);                                                                  \
+    if (err_ != CL_SUCCESS) {                                                              \
+      fprintf(stderr, "opencl_bench: %s:%d: %s: error %d\n", __FILE__, __LINE__, #call, err_); \
+      exit(1);                                                                             \
+    }                                                                                      \
+  } while (0)
+
+static int quick;
+static cl_context ctx;
+static cl_command_queue queue;
+static cl_kernel kernel;
+static cl_mem dev_buf;
+
+static double now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
+static int cmp_double(const void* a, const void* b) {
+  double x = *(const double*)a, y = *(const double*)b;
+  return (x > y) - (x < y);
+}
+
+static double median(double* v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+static void print(const char* name, double value, const char* unit) {
+  printf("%s %.4f %s\n", name, value, unit);
+  fflush(stdout);
+}
+
+static int reps(int full, int q) { return quick ? q : full; }
+
+static double* samples(int n) {
+  double* v = malloc(sizeof(double) * (size_t)n);
+  if (!v) {
+    fprintf(stderr, "opencl_bench: out of memory\n");
+    exit(1);
+  }
+  return v;
+}
+
+static void enqueue_empty(void) {
+  size_t global = 1;
+  CK(clEnqueueNDRangeKernel(queue, kernel, 1, NULL, &global, NULL, 0, NULL, NULL));
+}
+
+static void sleep_ms(double ms) {
+  struct timespec ts;
+  ts.tv_sec = (time_t)(ms / 1000);
+  ts.tv_nsec = (long)((ms - ts.tv_sec * 1000.0) * 1e6);
+  while (nanosleep(&ts, &ts) != 0) {
+  }
+}
+
+/* N enqueues then one clFinish, divided by N. */
+static void enqueue_cost(void) {
+  int n = reps(1000, 20), r, nr = reps(30, 3), i;
+  double* per = samples(nr);
+  for (r = 0; r < nr; ++r) {
+    double t0 = now_us();
+    for (i = 0; i < n; ++i) enqueue_empty();
+    CK(clFinish(queue));
+    per[r] = (now_us() - t0) / n;
+  }
+  print("ocl_enqueue_async", median(per, nr), "us");
+  free(per);
+}
+
+static void enqueue_finish(void) {
+  int r, nr = reps(2000, 20);
+  double* t = samples(nr);
+  for (r = 0; r < nr; ++r) {
+    double t0 = now_us();
+    enqueue_empty();
+    CK(clFinish(queue));
+    t[r] = now_us() - t0;
+  }
+  print("ocl_enqueue_finish", median(t, nr), "us");
+  free(t);
+}
+
+static void copy(int write, void* host, size_t bytes) {
+  if (write) CK(clEnqueueWriteBuffer(queue, dev_buf, CL_TRUE, 0, bytes, host, 0, NULL, NULL));
+  else CK(clEnqueueReadBuffer(queue, dev_buf, CL_TRUE, 0, bytes, host, 0, NULL, NULL));
+}
+
+static void copy_latency(const char* label, size_t bytes) {
+  char host[4096], name[64];
+  int write, r, nr = reps(2000, 20);
+  double* t = samples(nr);
+  memset(host, 1, sizeof host);
+  for (write = 1; write >= 0; --write) {
+    for (r = 0; r < nr; ++r) {
+      double t0 = now_us();
+      copy(write, host, bytes);
+      t[r] = now_us() - t0;
+    }
+    snprintf(name, sizeof name, "ocl_%s_%s", write ? "write" : "read", label);
+    print(name, median(t, nr), "us");
+  }
+  free(t);
+}
+
+static void bandwidth(const char* label, size_t bytes, int nr) {
+  char name[64];
+  int write, r;
+  double* gbs = samples(nr);
+  char* host = malloc(bytes);
+  if (!host) {
+    fprintf(stderr, "opencl_bench: out of memory\n");
+    exit(1);
+  }
+  memset(host, 1, bytes);
+  for (write = 1; write >= 0; --write) {
+    copy(write, host, bytes); /* unmeasured: first-touch costs */
+    for (r = 0; r < nr; ++r) {
+      double t0 = now_us();
+      copy(write, host, bytes);
+      gbs[r] = bytes / ((now_us() - t0) * 1e3);
+    }
+    snprintf(name, sizeof name, "ocl_bw_%s_pageable_%s", write ? "write" : "read", label);
+    print(name, median(gbs, nr), "GB/s");
+  }
+  free(host);
+  free(gbs);
+}
+
+static void idle_readback(void) {
+  static const double gap_ms[] = {0.1, 1, 5, 20, 100};
+  static const char* gap_label[] = {"0.1ms", "1ms", "5ms", "20ms", "100ms"};
+  static const int gap_reps[] = {50, 50, 30, 20, 10};
+  int v = 0, g, r, nr = reps(500, 10);
+  char name[64];
+  double* t = samples(nr > 50 ? nr : 50);
+  for (r = 0; r < nr; ++r) {
+    double t0 = now_us();
+    copy(0, &v, sizeof v);
+    t[r] = now_us() - t0;
+  }
+  print("ocl_readback_warm", median(t, nr), "us");
+  for (g = 0; g < 5; ++g) {
+    nr = reps(gap_reps[g], 3);
+    for (r = 0; r < nr; ++r) {
+      double t0;
+      sleep_ms(gap_ms[g]);
+      t0 = now_us();
+      copy(0, &v, sizeof v);
+      t[r] = now_us() - t0;
+    }
+    snprintf(name, sizeof name, "ocl_readback_idle_%s", gap_label[g]);
+    print(name, median(t, nr), "us");
+  }
+  free(t);
+}
+
+int main(void) {
+  static const char* src = "__kernel void empty(__global int* p) {}\n";
+  const char* q = getenv("TANDEM_BENCH_QUICK");
+  cl_platform_id platforms[16], platform = NULL;
+  cl_device_id device = NULL;
+  cl_uint np = 0, i, nd;
+  cl_int err;
+  cl_ulong max_alloc = 0;
+  char pname[256] = "", dname[256] = "";
+  size_t max_bytes;
+  cl_program prog;
+  int s;
+  static const size_t sizes[] = {1u << 20, 64u << 20, 256u << 20};
+  static const char* size_label[] = {"1MiB", "64MiB", "256MiB"};
+  static const int size_reps[] = {100, 10, 5};
+
+  quick = q && *q && strcmp(q, "0") != 0;
+  CK(clGetPlatformIDs(16, platforms, &np));
+  for (i = 0; i < np && i < 16 && !platform; ++i) {
+    nd = 0;
+    err = clGetDeviceIDs(platforms[i], CL_DEVICE_TYPE_ALL, 1, &device, &nd);
+    if (err == CL_SUCCESS && nd > 0) platform = platforms[i];
+    else if (err != CL_DEVICE_NOT_FOUND) CK(err);
+  }
+  if (!platform) {
+    fprintf(stderr, "opencl_bench: no OpenCL platform with a device (%u platforms)\n", np);
+    return 1;
+  }
+  CK(clGetPlatformInfo(platform, CL_PLATFORM_NAME, sizeof pname, pname, NULL));
+  CK(clGetDeviceInfo(device, CL_DEVICE_NAME, sizeof dname, dname, NULL));
+  CK(clGetDeviceInfo(device, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof max_alloc, &max_alloc, NULL));
+  fprintf(stderr, "opencl_bench: platform %s, device %s%s\n", pname, dname, quick ? " (quick mode)" : "");
+
+  ctx = clCreateContext(NULL, 1, &device, NULL, NULL, &err);
+  CK(err);
+  queue = clCreateCommandQueue(ctx, device, 0, &err);
+  CK(err);
+  prog = clCreateProgramWithSource(ctx, 1, &src, NULL, &err);
+  CK(err);
+  err = clBuildProgram(prog, 1, &device, "", NULL, NULL);
+  if (err != CL_SUCCESS) {
+    char log[4096] = "";
+    clGetProgramBuildInfo(prog, device, CL_PROGRAM_BUILD_LOG, sizeof log, log, NULL);
+    fprintf(stderr, "opencl_bench: build failed (%d): %s\n", err, log);
+    return 1;
+  }
+  kernel = clCreateKernel(prog, "empty", &err);
+  CK(err);
+
+  max_bytes = quick ? (1u << 20) : (256u << 20);
+  while (max_bytes > max_alloc && max_bytes > (1u << 20)) max_bytes /= 4;
+  if (max_bytes < (256u << 20) && !quick)
+    fprintf(stderr, "opencl_bench: max allocation %llu B: larger sizes skipped\n", (unsigned long long)max_alloc);
+  dev_buf = clCreateBuffer(ctx, CL_MEM_READ_WRITE, max_bytes, NULL, &err);
+  CK(err);
+  CK(clSetKernelArg(kernel, 0, sizeof dev_buf, &dev_buf));
+  {
+    /* Warm-up: the first enqueue compiles/uploads; the first copy allocates. */
+    int k, z = 0;
+    for (k = 0; k < 100; ++k) enqueue_empty();
+    copy(1, &z, sizeof z);
+    CK(clFinish(queue));
+  }
+
+  enqueue_cost();
+  enqueue_finish();
+  copy_latency("8B", 8);
+  copy_latency("4KB", 4096);
+  for (s = 0; s < 3; ++s)
+    if (sizes[s] <= max_bytes) bandwidth(size_label[s], sizes[s], reps(size_reps[s], 3));
+  idle_readback();
+
+  CK(clReleaseMemObject(dev_buf));
+  CK(clReleaseKernel(kernel));
+  CK(clReleaseProgram(prog));
+  CK(clReleaseCommandQueue(queue));
+  CK(clReleaseContext(ctx));
+  return 0;
+}
