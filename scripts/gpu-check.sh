@@ -25,12 +25,22 @@ grep -c "warning:" "$OUT/build.log" | sed 's/^/build warnings: /'
 
 ctest --test-dir "$B" --timeout 300 -j8 --output-on-failure >"$OUT/ctest.log" 2>&1
 rc=$?
-cp "$B/Testing/Temporary/LastTest.log" "$OUT/LastTest.log" 2>/dev/null
+cp "$B/Testing/Temporary/LastTest.log" "$OUT/LastTest.log" 2>/dev/null  # read below, then archived
 # The CUDA suite's own summary (native vs Tandem per program).
 grep -E "^(PASS|FAIL|SKIP)|passed, [0-9]+ failed" "$OUT/LastTest.log" | sort -u | head -60
 
 TANDEM_SKIP_SETUP=1 TANDEM_BUILD_DIR=$B timeout 120 bash "$ROOT/scripts/run-main.sh" >"$OUT/main.log" 2>&1
 echo "main job: exit $?"; tail -5 "$OUT/main.log"
+
+# Tandem against native in the same run (ratios printed, never asserted).
+timeout 360 bash "$ROOT/bench/run_bench.sh" "$B/server/tandemd" "$B/tools/tandem" "$B" "$B/bench-out" \
+  >"$OUT/bench.log" 2>&1
+echo "bench: exit $?"
+cp "$B/bench-out/table.txt" "$OUT/bench-table.txt" 2>/dev/null && cat "$OUT/bench-table.txt"
+cp "$B/bench-out/bench.json" "$B/bench-out/bench.png" "$OUT/" 2>/dev/null
+# Everything else in one archive (the device tool returns at most 8 files).
+tar -czf "$OUT/logs.tar.gz" -C "$B" Testing/Temporary bench-out -C "$OUT" build.log configure.log 2>/dev/null
+rm -f "$OUT/LastTest.log" "$OUT/configure.log" "$OUT/build.log"
 
 grep -E "tests passed|tests failed|\*\*\*Failed|Not Run|Timeout" "$OUT/ctest.log" | tail -30
 exit $rc
