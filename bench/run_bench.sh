@@ -50,18 +50,10 @@ export POCL_CACHE_DIR=${POCL_CACHE_DIR:-$work/pocl-cache}
 mkdir -p "$POCL_CACHE_DIR"
 if ((QUICK)); then RUN_TIMEOUT=60 PING_ITERS=200; else RUN_TIMEOUT=600 PING_ITERS=10000; fi
 
-# Native OpenCL, as scripts/run-main.sh: NVIDIA's ICD (writing an .icd when the driver ships
-# none), else PoCL. Both loaders pinned: OCL_ICD_VENDORS (ocl-icd), OCL_ICD_FILENAMES (Khronos).
-if [[ -e /etc/OpenCL/vendors/nvidia.icd ]]; then
-  vendors=/etc/OpenCL/vendors/nvidia.icd
-elif ldconfig -p 2>/dev/null | grep 'libnvidia-opencl\.so\.1 ' >/dev/null; then  # no grep -q: SIGPIPE + pipefail
-  mkdir -p "$work/vendors"
-  echo libnvidia-opencl.so.1 >"$work/vendors/nvidia.icd"
-  vendors=$work/vendors
-else
-  vendors=/etc/OpenCL/vendors/pocl.icd
-fi
-if [[ -d $vendors ]]; then ocl_libs=$(head -qn1 "$vendors"/*.icd | paste -sd:); else ocl_libs=$(head -n1 "$vendors"); fi
+# Native OpenCL (NVIDIA's, else PoCL), both ICD loaders pinned to it.
+source "$HERE/../scripts/lib/opencl-vendors.sh"
+vendors=$(native_opencl_vendors "$work") || exit 1
+ocl_libs=$(icd_libs "$vendors")
 log "native OpenCL: $vendors ($ocl_libs)"
 
 gpu=0

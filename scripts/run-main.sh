@@ -34,20 +34,10 @@ trap 'exit 130' INT TERM
 export POCL_CACHE_DIR=${POCL_CACHE_DIR:-$work/pocl-cache}
 mkdir -p "$POCL_CACHE_DIR"
 
-# Which OpenCL tandemd serves. NVIDIA's driver has libnvidia-opencl.so.1 but often no .icd
-# file (no network, no ICD package): write one so the loader finds it.
-if [[ -e /etc/OpenCL/vendors/nvidia.icd ]]; then
-  vendors=/etc/OpenCL/vendors/nvidia.icd
-elif ldconfig -p 2>/dev/null | grep 'libnvidia-opencl\.so\.1 ' >/dev/null; then  # no grep -q: SIGPIPE + pipefail
-  mkdir -p "$work/vendors"
-  echo libnvidia-opencl.so.1 >"$work/vendors/nvidia.icd"
-  vendors=$work/vendors
-else
-  vendors=/etc/OpenCL/vendors/pocl.icd
-fi
-# Pin both loaders: Debian's ocl-icd reads OCL_ICD_VENDORS; the Khronos loader (CUDA ships
-# one, and it can be the libOpenCL.so.1 that tandemd loads) loads exactly OCL_ICD_FILENAMES.
-if [[ -d $vendors ]]; then libs=$(head -qn1 "$vendors"/*.icd | paste -sd:); else libs=$(head -n1 "$vendors"); fi
+# Which OpenCL tandemd serves: NVIDIA's on a GPU machine, else PoCL; both loaders pinned.
+source "$ROOT/scripts/lib/opencl-vendors.sh"
+vendors=$(native_opencl_vendors "$work")
+libs=$(icd_libs "$vendors")
 log "tandemd will use OpenCL from $vendors ($libs)"
 
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')

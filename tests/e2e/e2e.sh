@@ -12,7 +12,7 @@
 #   e2e.sh info TANDEMD TANDEM
 #       `tandem info` lists the server, its backend and the native device name.
 #
-# Native OpenCL: $TANDEM_E2E_NATIVE_VENDORS (an .icd, a folder or a .so) if set; else NVIDIA's
+# Native OpenCL: $TANDEM_NATIVE_OPENCL (an .icd, a folder or a .so) if set; else NVIDIA's
 # OpenCL when the driver's libnvidia-opencl.so.1 is present; else PoCL. tandemd uses the same.
 # Both loaders are pinned: OCL_ICD_VENDORS for ocl-icd, OCL_ICD_FILENAMES for Khronos'.
 set -u -o pipefail
@@ -47,29 +47,9 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# ---- which OpenCL is native ----------------------------------------------------------------
-native_vendors() {
-  if [[ -n ${TANDEM_E2E_NATIVE_VENDORS:-} ]]; then echo "$TANDEM_E2E_NATIVE_VENDORS"; return; fi
-  if [[ -e /etc/OpenCL/vendors/nvidia.icd ]]; then echo /etc/OpenCL/vendors/nvidia.icd; return; fi
-  # NVIDIA's driver ships libnvidia-opencl.so.1 but, without the ICD package, no .icd file.
-  if ldconfig -p 2>/dev/null | grep 'libnvidia-opencl\.so\.1 ' >/dev/null; then  # no grep -q: SIGPIPE + pipefail
-    echo libnvidia-opencl.so.1 >"$work/nvidia.icd"
-    echo "$work/nvidia.icd"; return
-  fi
-  if [[ -e /etc/OpenCL/vendors/pocl.icd ]]; then echo /etc/OpenCL/vendors/pocl.icd; return; fi
-  fail "no native OpenCL: install pocl-opencl-icd or set TANDEM_E2E_NATIVE_VENDORS"
-}
-NATIVE=$(native_vendors) || exit 1
-# The libraries the .icd files name, for OCL_ICD_FILENAMES: Debian's ocl-icd reads only
-# OCL_ICD_VENDORS, while the Khronos loader (CUDA ships one, and on the GPU machine it is the
-# libOpenCL.so.1 programs load) ignores that and loads exactly OCL_ICD_FILENAMES when set.
-icd_libs() {
-  local f out=""
-  if [[ -d $1 ]]; then for f in "$1"/*.icd; do [[ -e $f ]] && out+=${out:+:}$(head -n1 "$f"); done
-  elif [[ $1 == *.icd ]]; then out=$(head -n1 "$1")
-  else out=$1; fi
-  echo "$out"
-}
+# ---- which OpenCL is native (both ICD loaders pinned to it) --------------------------------
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib/opencl-vendors.sh"
+NATIVE=$(native_opencl_vendors "$work") || fail "no native OpenCL"
 NATIVE_LIBS=$(icd_libs "$NATIVE")
 export POCL_CACHE_DIR=${POCL_CACHE_DIR:-$work/pocl-cache}
 mkdir -p "$POCL_CACHE_DIR"
