@@ -40,7 +40,9 @@ int Info(const std::optional<std::string>& servers) {
   std::vector<client::Device*> devices = rt.Devices(all);
 
   int missing = 0;
-  for (const std::string& server : client::ParseServerList(list)) {
+  for (const std::string& entry : client::ParseServerList(list)) {
+    client::ServerSpec spec;
+    const std::string server = client::ParseServerSpec(entry, &spec) ? spec.address : entry;
     bool any = false;
     std::set<const client::Session*> seen;
     for (client::Device* d : devices) {

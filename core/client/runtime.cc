@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <thread>
 
@@ -34,6 +35,38 @@ std::vector<std::string> ParseServerList(const std::string& list) {
     item.erase(0, item.find_first_not_of(" \t"));
     item.erase(item.find_last_not_of(" \t") + 1);
     if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+bool ParseServerSpec(const std::string& entry, ServerSpec* out) {
+  std::string address = entry.substr(0, entry.find('/'));
+  std::string host, port;
+  if (!fabric::SplitHostPort(address, &host, &port)) return false;
+  out->address = address;
+  out->device.reset();
+  if (address.size() == entry.size()) return true;
+  const std::string dev = entry.substr(address.size() + 1);
+  if (dev.empty() || dev.size() > 9 || dev.find_first_not_of("0123456789") != std::string::npos) return false;
+  out->device = static_cast<uint32_t>(std::stoul(dev));
+  return true;
+}
+
+std::vector<size_t> VisibleDevices(const char* env, size_t n) {
+  std::vector<size_t> out;
+  if (!env) {
+    for (size_t i = 0; i < n; ++i) out.push_back(i);
+    return out;
+  }
+  std::stringstream ss(env);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    item.erase(0, item.find_first_not_of(" \t"));
+    item.erase(item.find_last_not_of(" \t") + 1);
+    if (item.empty() || item.size() > 9 || item.find_first_not_of("0123456789") != std::string::npos) break;
+    size_t i = std::stoul(item);
+    if (i >= n || std::find(out.begin(), out.end(), i) != out.end()) break;
+    out.push_back(i);
   }
   return out;
 }
@@ -72,6 +105,9 @@ class RuntimeImpl final : public Runtime {
   Status status() const override { return status_; }
 
   std::vector<Device*> Devices(Api api) override {
+    if (api == Api::kOpenCL) return opencl_;
+    if (api == Api::kCuda) return cuda_;
+    // A mask of APIs (tandem info): every device that speaks one of them, in list order.
     std::vector<Device*> out;
     for (auto& d : devices_)
       if (d->info.api & static_cast<uint32_t>(api)) out.push_back(d.get());
@@ -128,7 +164,8 @@ class RuntimeImpl final : public Runtime {
   Status status_;
   std::unique_ptr<fabric::Endpoint> ep_;
   std::vector<std::unique_ptr<SessionImpl>> sessions_;
-  std::vector<std::unique_ptr<Device>> devices_;
+  std::vector<std::unique_ptr<Device>> devices_;  // in TANDEM_SERVERS order
+  std::vector<Device*> opencl_, cuda_;            // what each API sees (CUDA_VISIBLE_DEVICES applied)
   std::atomic<uint64_t> next_handle_{1};
   std::atomic<bool> shut_down_{false};
   std::mutex flush_mu_;
@@ -152,12 +189,24 @@ void RuntimeImpl::Init() {
   }
   ep_ = std::move(ep).value();
 
+  // One session per server, however many entries name it.
+  std::vector<ServerSpec> specs;
+  std::map<std::string, SessionImpl*> by_address;
   std::string failures;
-  for (const auto& s : servers) {
-    Status st = Connect(s);
+  for (const auto& entry : servers) {
+    ServerSpec spec;
+    if (!ParseServerSpec(entry, &spec)) {
+      log::Error("TANDEM_SERVERS entry '{}' is not host:port or host:port/device", entry);
+      failures += (failures.empty() ? "" : "; ") + entry + ": not host:port[/device]";
+      continue;
+    }
+    specs.push_back(spec);
+    if (by_address.count(spec.address)) continue;
+    Status st = Connect(spec.address);
+    by_address[spec.address] = st.ok() ? sessions_.back().get() : nullptr;
     if (!st.ok()) {
-      log::Error("cannot use server {}: {}", s, st.message());
-      failures += (failures.empty() ? "" : "; ") + s + ": " + st.message();
+      log::Error("cannot use server {}: {}", spec.address, st.message());
+      failures += (failures.empty() ? "" : "; ") + spec.address + ": " + st.message();
     }
   }
   if (sessions_.empty()) {
@@ -169,26 +218,48 @@ void RuntimeImpl::Init() {
   std::thread([this] { ReceiveLoop(); }).detach();
   std::thread([this] { FlushLoop(); }).detach();
 
-  // Learn every device, pipelined per session.
+  // Learn every device of every session.
+  std::map<SessionImpl*, std::vector<std::unique_ptr<Device>>> found;
   for (auto& s : sessions_) {
     for (uint32_t i = 0; i < s->device_count_hint; ++i) {
       auto info = s->Call(ir::DeviceInfoReq{.index = i});
       if (!info.ok()) {
         log::Error("{}: device {}: {}", s->server(), i, info.status().message());
+        found[s.get()].push_back(nullptr);
         continue;
       }
       auto d = std::make_unique<Device>();
       d->session = s.get();
       d->remote_index = i;
       d->info = std::move(info).value();
-      devices_.push_back(std::move(d));
+      found[s.get()].push_back(std::move(d));
     }
   }
-  // Index each device within the list of its API.
-  for (Api api : {Api::kOpenCL, Api::kCuda}) {
-    uint32_t n = 0;
-    for (auto& d : devices_)
-      if (d->info.api & static_cast<uint32_t>(api)) d->index = n++;
+  // The device list follows the entries: "host:port" adds the server's devices not listed
+  // yet, "host:port/N" its device N.
+  for (const ServerSpec& spec : specs) {
+    SessionImpl* s = by_address[spec.address];
+    if (!s) continue;
+    auto& devs = found[s];
+    if (spec.device && *spec.device >= devs.size()) {
+      log::Error("{} has {} devices: no device {}", spec.address, devs.size(), *spec.device);
+      continue;
+    }
+    for (size_t i = 0; i < devs.size(); ++i)
+      if (devs[i] && (!spec.device || *spec.device == i)) devices_.push_back(std::move(devs[i]));
+  }
+  // Each API's list; CUDA's filtered and ordered by CUDA_VISIBLE_DEVICES, as CUDA does.
+  std::vector<Device*> cuda_all;
+  for (auto& d : devices_) {
+    if (d->info.api & static_cast<uint32_t>(Api::kOpenCL)) {
+      d->index = static_cast<uint32_t>(opencl_.size());
+      opencl_.push_back(d.get());
+    }
+    if (d->info.api & static_cast<uint32_t>(Api::kCuda)) cuda_all.push_back(d.get());
+  }
+  for (size_t i : VisibleDevices(std::getenv("CUDA_VISIBLE_DEVICES"), cuda_all.size())) {
+    cuda_all[i]->index = static_cast<uint32_t>(cuda_.size());
+    cuda_.push_back(cuda_all[i]);
   }
   std::atexit([] { Runtime::Get().Shutdown(); });
 }
@@ -220,9 +291,7 @@ Result<typename Req::Reply> RuntimeImpl::Exchange(fabric::PeerId peer, const Req
   }
 }
 
-Status RuntimeImpl::Connect(const std::string& server_spec) {
-  // "host:port/dev" selects devices (a later feature); the part before '/' is the address.
-  std::string server = server_spec.substr(0, server_spec.find('/'));
+Status RuntimeImpl::Connect(const std::string& server) {
   std::string host, port;
   if (!fabric::SplitHostPort(server, &host, &port)) return Status::Invalid("not host:port: " + server);
 

@@ -153,6 +153,68 @@ TEST_F(Live, ZServerDeathFailsTheWaitingCall) {
   EXPECT_FALSE(s.Call(ir::PingReq{.nonce = 3}).ok());
 }
 
+TEST(Parse, ServerSpecs) {
+  ServerSpec s;
+  ASSERT_TRUE(ParseServerSpec("127.0.0.1:7000", &s));
+  EXPECT_EQ(s.address, "127.0.0.1:7000");
+  EXPECT_FALSE(s.device.has_value());
+  ASSERT_TRUE(ParseServerSpec("gpu1:7000/3", &s));
+  EXPECT_EQ(s.address, "gpu1:7000");
+  EXPECT_EQ(s.device, 3u);
+  ASSERT_TRUE(ParseServerSpec("[::1]:7000/0", &s));
+  EXPECT_EQ(s.address, "[::1]:7000");
+  for (const char* bad : {"gpu1", "gpu1:7000/", "gpu1:7000/x", "gpu1:7000/-1", ":7000/1/2"})
+    EXPECT_FALSE(ParseServerSpec(bad, &s)) << bad;
+  EXPECT_EQ(ParseServerList(" a:1, b:2/0 ,,c:3"), (std::vector<std::string>{"a:1", "b:2/0", "c:3"}));
+}
+
+// CUDA_VISIBLE_DEVICES as CUDA reads it: order kept, the list ends at the first bad entry.
+TEST(Parse, VisibleDevices) {
+  using V = std::vector<size_t>;
+  EXPECT_EQ(VisibleDevices(nullptr, 3), (V{0, 1, 2}));
+  EXPECT_EQ(VisibleDevices("", 3), V{});
+  EXPECT_EQ(VisibleDevices("2,0", 3), (V{2, 0}));
+  EXPECT_EQ(VisibleDevices("1,7,0", 3), V{1});
+  EXPECT_EQ(VisibleDevices("1,1,0", 3), V{1});
+  EXPECT_EQ(VisibleDevices(" 0 , 2", 3), (V{0, 2}));
+  EXPECT_EQ(VisibleDevices("GPU-1234", 3), V{});
+  EXPECT_EQ(VisibleDevices("-1", 3), V{});
+}
+
+// Two servers form one device list, in the order TANDEM_SERVERS gives, one session each.
+TEST(TwoServers, FormOneOrderedDeviceList) {
+  test::Daemon a({}), b({});
+  ASSERT_FALSE(a.address().empty());
+  ASSERT_FALSE(b.address().empty());
+  const std::string list = b.address() + "/0," + a.address() + "," + b.address();
+  setenv("TANDEM_SERVERS", list.c_str(), 1);
+  auto& rt = Runtime::Get();
+  ASSERT_TRUE(rt.status().ok()) << rt.status().ToString();
+  auto devs = rt.Devices(Api::kOpenCL);
+  ASSERT_GE(devs.size(), 2u);
+  EXPECT_EQ(devs[0]->session->server(), b.address());
+  EXPECT_EQ(devs[0]->remote_index, 0u);
+  EXPECT_EQ(devs[1]->session->server(), a.address());
+  EXPECT_NE(devs[0]->session, devs[1]->session);
+  for (size_t i = 0; i < devs.size(); ++i) {
+    EXPECT_EQ(devs[i]->index, i);
+    for (size_t j = 0; j < i; ++j)  // no device twice, though b is named twice
+      EXPECT_FALSE(devs[i]->session == devs[j]->session && devs[i]->remote_index == devs[j]->remote_index);
+  }
+  // Both sessions carry data.
+  for (Device* d : {devs[0], devs[1]}) {
+    Session& s = *d->session;
+    uint64_t buf = rt.NewHandle();
+    s.Post(ir::BufferAllocReq{.buffer = buf, .device = d->remote_index, .size = 256});
+    std::vector<uint8_t> out(256), in(256);
+    std::iota(out.begin(), out.end(), static_cast<uint8_t>(d->index));
+    ASSERT_TRUE(WriteBuffer(s, {.buffer = buf, .size = 256}, out.data(), true).ok());
+    ASSERT_TRUE(ReadBuffer(s, {.buffer = buf, .size = 256}, in.data(), true).ok());
+    EXPECT_EQ(in, out) << s.server();
+  }
+  rt.Shutdown();  // before the daemons go
+}
+
 TEST(Unreachable, GivesAClearErrorWithinTheTimeout) {
   // A port nobody listens on (bound and closed by the kernel's choice is racy; 1 is root-only
   // and never a tandemd).

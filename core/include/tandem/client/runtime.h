@@ -13,6 +13,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -121,7 +122,8 @@ class Runtime {
 
   // Ok if at least one server answered; otherwise why none did.
   virtual Status status() const = 0;
-  // Every device that speaks `api`, in TANDEM_SERVERS order, then server order.
+  // Every device that speaks `api`, in TANDEM_SERVERS order, then server order (for CUDA,
+  // as CUDA_VISIBLE_DEVICES filters and orders them). `api` may also be a mask of APIs.
   virtual std::vector<Device*> Devices(Api api) = 0;
   // A fresh 64-bit handle, unique in this process.
   virtual uint64_t NewHandle() = 0;
@@ -145,6 +147,19 @@ Status ReadBuffer(Session& s, ir::BufferReadReq req, void* dst, bool blocking,
 
 // Parses TANDEM_SERVERS ("host:port[,host:port...]"). Exposed for tests and `tandem info`.
 std::vector<std::string> ParseServerList(const std::string& list);
+
+// One TANDEM_SERVERS entry: "host:port" (every device of the server) or "host:port/N" (its
+// device N). A server named in several entries gets one session; the device list follows
+// the entries' order.
+struct ServerSpec {
+  std::string address;
+  std::optional<uint32_t> device;
+};
+bool ParseServerSpec(const std::string& entry, ServerSpec* out);
+
+// Which of `n` CUDA devices a program sees, in order, under CUDA_VISIBLE_DEVICES (unset:
+// all). As CUDA does, the list ends at the first entry that is not a valid, unused index.
+std::vector<size_t> VisibleDevices(const char* cuda_visible_devices, size_t n);
 // The auth token from TANDEM_TOKEN or the file named by TANDEM_TOKEN_FILE ("" if none).
 std::string TokenFromEnv();
 
