@@ -9,31 +9,6 @@
 namespace tandem::cuda {
 namespace {
 
-// Waits for everything queued on a device, then reports what went wrong asynchronously:
-// the legacy default stream (which orders after every blocking stream) and each
-// non-blocking stream of the device. DeviceSync would be one command, but tandemd's CUDA
-// backend answers it with CUDA_ERROR_CONTEXT_IS_DESTROYED on driver 580 (see README).
-cudaError_t SyncDevice(DeviceContext& d) {
-  Frontend& f = Frontend::Get();
-  f.WaitCallbacks();
-  std::vector<uint64_t> streams;
-  {
-    std::lock_guard<std::mutex> lock(f.mu);
-    for (const auto& [key, s] : f.streams)
-      if (s->device == d.index && (s->flags & cudaStreamNonBlocking)) streams.push_back(s->handle);
-  }
-  Status st = d.session().Call(ir::StreamSyncReq{.stream = 0}).status();
-  for (uint64_t s : streams) {
-    if (!st.ok()) break;
-    st = d.session().Call(ir::StreamSyncReq{.stream = s}).status();
-  }
-  cudaError_t pending = f.WaitPending();
-  cudaError_t async = TakeAsyncErrors(d);
-  if (async != cudaSuccess) return async;
-  if (!st.ok()) return ToCuda(st);
-  return pending;
-}
-
 void FillProperties(const DeviceContext& d, cudaDeviceProp* p) {
   *p = cudaDeviceProp{};
   std::strncpy(p->name, d.dev->info.name.c_str(), sizeof(p->name) - 1);
@@ -162,6 +137,32 @@ void FillProperties(const DeviceContext& d, cudaDeviceProp* p) {
 }
 
 }  // namespace
+
+// Waits for everything queued on a device, then reports what went wrong asynchronously:
+// the legacy default stream (which orders after every blocking stream) and each
+// non-blocking stream of the device. DeviceSync would be one command, but tandemd's CUDA
+// backend answers it with CUDA_ERROR_CONTEXT_IS_DESTROYED on driver 580 (see README).
+cudaError_t SyncDevice(DeviceContext& d) {
+  Frontend& f = Frontend::Get();
+  f.WaitCallbacks();
+  std::vector<uint64_t> streams;
+  {
+    std::lock_guard<std::mutex> lock(f.mu);
+    for (const auto& [key, s] : f.streams)
+      if (s->device == d.index && (s->flags & cudaStreamNonBlocking)) streams.push_back(s->handle);
+  }
+  Status st = d.session().Call(ir::StreamSyncReq{.stream = 0}).status();
+  for (uint64_t s : streams) {
+    if (!st.ok()) break;
+    st = d.session().Call(ir::StreamSyncReq{.stream = s}).status();
+  }
+  cudaError_t pending = f.WaitPending();
+  cudaError_t async = TakeAsyncErrors(d);
+  if (async != cudaSuccess) return async;
+  if (!st.ok()) return ToCuda(st);
+  return pending;
+}
+
 }  // namespace tandem::cuda
 
 using namespace tandem;

@@ -225,4 +225,8 @@ struct StreamRef {
 };
 cudaError_t ResolveStream(cudaStream_t s, StreamRef* out);  // Needs mu.
 
+// Waits for everything queued on the device (its streams, pending copies and callbacks) and
+// returns what went wrong asynchronously. Call without holding Frontend::mu.
+cudaError_t SyncDevice(DeviceContext& d);
+
 }  // namespace tandem::cuda

@@ -101,32 +101,41 @@ TANDEM_API cudaError_t cudaMalloc(void** ptr, size_t size) {
   if (d->sticky != cudaSuccess) return Return(d->sticky);
   *ptr = nullptr;
   if (size == 0) return cudaSuccess;
+  if (size > d->va_size) return Return(cudaErrorMemoryAllocation);  // more than the device's range
   uint64_t address = 0;
   TANDEM_RETURN_CUDA_IF_ERROR(Return(Allocate(*d, size, &address)));
   *ptr = reinterpret_cast<void*>(address);
   return cudaSuccess;
 }
 
-// Small allocations go back to their chunk (kept for reuse); large ones are unmapped.
+// Small allocations go back to their chunk (kept for reuse); large ones are unmapped. Like
+// CUDA's, cudaFree synchronizes the device first: work still using the memory finishes
+// before its addresses can be handed out again.
 TANDEM_API cudaError_t cudaFree(void* ptr) {
   if (!ptr) return cudaSuccess;
   Frontend& f = Frontend::Get();
-  std::lock_guard<std::mutex> lock(f.mu);
   const auto a = reinterpret_cast<uint64_t>(ptr);
-  DeviceContext* d = OwnerOf(a);
-  if (!d) return Return(cudaErrorInvalidValue);
+  DeviceContext* d = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(f.mu);
+    d = OwnerOf(a);
+    if (!d) return Return(cudaErrorInvalidValue);
+  }
+  const cudaError_t synced = SyncDevice(*d);
+  std::lock_guard<std::mutex> lock(f.mu);
   if (auto s = d->small.find(a); s != d->small.end()) {
     d->allocations.at(s->second.first).carve->Free(a, s->second.second);
     d->small.erase(s);
-    return cudaSuccess;
+  } else {
+    auto it = d->allocations.find(a);
+    if (it == d->allocations.end() || it->second.chunk) return Return(cudaErrorInvalidValue);
+    d->session().Post(ir::BufferFreeReq{.buffer = it->second.handle});
+    d->va->Free(a, it->second.size);
+    d->allocated -= it->second.size;
+    d->allocations.erase(it);
   }
-  auto it = d->allocations.find(a);
-  if (it == d->allocations.end() || it->second.chunk) return Return(cudaErrorInvalidValue);
-  d->session().Post(ir::BufferFreeReq{.buffer = it->second.handle});
-  d->va->Free(a, it->second.size);
-  d->allocated -= it->second.size;
-  d->allocations.erase(it);
-  return cudaSuccess;
+  // The memory is freed either way; an earlier asynchronous error is reported, as CUDA does.
+  return synced == cudaSuccess ? cudaSuccess : Return(synced);
 }
 
 TANDEM_API cudaError_t cudaMallocPitch(void** ptr, size_t* pitch, size_t width, size_t height) {
@@ -139,8 +148,12 @@ TANDEM_API cudaError_t cudaMallocPitch(void** ptr, size_t* pitch, size_t width, 
     TANDEM_RETURN_CUDA_IF_ERROR(Return(f.Current(&d)));
     alignment = d->Attr(cudaDevAttrTextureAlignment, 512);
   }
-  *pitch = (width + static_cast<size_t>(alignment) - 1) / static_cast<size_t>(alignment) * static_cast<size_t>(alignment);
-  return cudaMalloc(ptr, *pitch * height);
+  const size_t align = static_cast<size_t>(alignment > 0 ? alignment : 512);
+  size_t padded, bytes;
+  if (__builtin_add_overflow(width, align - 1, &padded)) return Return(cudaErrorMemoryAllocation);
+  *pitch = padded / align * align;
+  if (__builtin_mul_overflow(*pitch, height, &bytes)) return Return(cudaErrorMemoryAllocation);
+  return cudaMalloc(ptr, bytes);
 }
 
 TANDEM_API cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
@@ -181,6 +194,8 @@ TANDEM_API cudaError_t cudaMallocHost(void** ptr, size_t size) { return cudaHost
 TANDEM_API cudaError_t cudaFreeHost(void* ptr) {
   if (!ptr) return cudaSuccess;
   Frontend& f = Frontend::Get();
+  // As CUDA synchronizes here: no copy may still be landing in the pages unmapped below.
+  f.WaitPending();
   std::lock_guard<std::mutex> lock(f.mu);
   auto it = f.host_regions.find(reinterpret_cast<uintptr_t>(ptr));
   if (it == f.host_regions.end() || !it->second.owned) return Return(cudaErrorInvalidValue);
@@ -208,6 +223,7 @@ TANDEM_API cudaError_t cudaHostRegister(void* ptr, size_t size, unsigned int fla
 
 TANDEM_API cudaError_t cudaHostUnregister(void* ptr) {
   Frontend& f = Frontend::Get();
+  f.WaitPending();  // copies in flight still use the registration
   std::lock_guard<std::mutex> lock(f.mu);
   auto it = f.host_regions.find(reinterpret_cast<uintptr_t>(ptr));
   if (it == f.host_regions.end() || it->second.owned) return Return(cudaErrorHostMemoryNotRegistered);

@@ -7,6 +7,7 @@ namespace tandem::cuda {
 RangeAllocator::RangeAllocator(uint64_t base, uint64_t size) { free_.emplace(base, size); }
 
 std::optional<uint64_t> RangeAllocator::Allocate(uint64_t size, uint64_t alignment) {
+  if (size == 0) return std::nullopt;  // a zero-sized block would alias the next one
   for (auto it = free_.begin(); it != free_.end(); ++it) {
     const uint64_t start = it->first, len = it->second;
     const uint64_t aligned = (start + alignment - 1) & ~(alignment - 1);

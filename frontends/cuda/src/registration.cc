@@ -89,11 +89,18 @@ TANDEM_API void __cudaUnregisterFatBinary(void** handle) {
 TANDEM_API void __cudaRegisterFunction(void** handle, const char* host_fun, char* device_fun,
                                        const char* device_name, int, uint3*, uint3*, dim3*, dim3*, int*) {
   Frontend& f = Frontend::Get();
+  const char* name = device_fun ? device_fun : device_name;
+  if (!host_fun || !name) {
+    log::Error("__cudaRegisterFunction without a host function or a kernel name: ignored");
+    return;
+  }
   auto k = std::make_unique<Kernel>();
   k->fatbin = AsFatBinary(handle);
   k->host_fun = host_fun;
-  k->name = device_fun ? device_fun : device_name;
+  k->name = name;
   std::lock_guard<std::mutex> lock(f.mu);
+  // The first registration of a stub stays: launch sites and devices may already hold it.
+  if (f.kernels.count(host_fun)) return;
   f.kernel_set.insert(k.get());
   f.kernels[host_fun] = std::move(k);
 }
