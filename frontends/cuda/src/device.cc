@@ -138,24 +138,13 @@ void FillProperties(const DeviceContext& d, cudaDeviceProp* p) {
 
 }  // namespace
 
-// Waits for everything queued on a device, then reports what went wrong asynchronously:
-// the legacy default stream (which orders after every blocking stream) and each
-// non-blocking stream of the device. DeviceSync would be one command, but tandemd's CUDA
-// backend answers it with CUDA_ERROR_CONTEXT_IS_DESTROYED on driver 580 (see README).
+// Waits for everything queued on a device (one DeviceSync: cuCtxSynchronize on the
+// server, after the host callbacks that gate its streams have run), then reports what went
+// wrong asynchronously. Streams other threads destroy meanwhile need no care.
 cudaError_t SyncDevice(DeviceContext& d) {
   Frontend& f = Frontend::Get();
   f.WaitCallbacks();
-  std::vector<uint64_t> streams;
-  {
-    std::lock_guard<std::mutex> lock(f.mu);
-    for (const auto& [key, s] : f.streams)
-      if (s->device == d.index && (s->flags & cudaStreamNonBlocking)) streams.push_back(s->handle);
-  }
-  Status st = d.session().Call(ir::StreamSyncReq{.stream = 0}).status();
-  for (uint64_t s : streams) {
-    if (!st.ok()) break;
-    st = d.session().Call(ir::StreamSyncReq{.stream = s}).status();
-  }
+  Status st = d.session().Call(ir::DeviceSyncReq{.device = d.remote()}).status();
   cudaError_t pending = f.WaitPending();
   cudaError_t async = TakeAsyncErrors(d);
   if (async != cudaSuccess) return async;
