@@ -288,6 +288,10 @@ TEST_P(FabricTest, ClosedPeerIsForgotten) {
   auto ev = server_->Next(kWait);
   ASSERT_TRUE(ev.ok());
   EXPECT_EQ(ev->kind, EventKind::kPeerLost);
+  // The server closes while the client still exists: with shm in one process, a goodbye
+  // written into a closed endpoint's unmapped region crashes inside libfabric (seen once on
+  // the GPU machine under load); the client has no peer left to say goodbye to.
+  server_.reset();
 }
 
 TEST_P(FabricTest, InterruptWakesNext) {
