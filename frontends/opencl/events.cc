@@ -170,6 +170,10 @@ cl_event NewEvent(cl_context context, cl_command_queue queue, cl_command_type ty
 }
 
 void SetEventStatus(cl_event e, cl_int status) {
+  // A failure without an OpenCL code (ir::kEventFailedTandem + Code) gets the nearest one.
+  if (status <= -ir::kEventFailedTandem)
+    status = ToCl(Status(static_cast<Code>(-status - ir::kEventFailedTandem), "the command failed"), "event",
+                  CL_OUT_OF_RESOURCES);
   std::vector<_cl_event::Callback> due;
   {
     std::lock_guard lock(e->mu);

@@ -49,11 +49,12 @@ const DispatchTable& Table() {
   return table;
 }
 
-// The event status a failed command leaves on its signal: the API's own (negative) error
-// when there is one, else minus the Tandem code, so it is always negative.
+// The event status a failed command leaves on its signal (ir::EventStatus): the API's own
+// error when there is one, else the Tandem code beyond kEventFailedTandem; always negative.
 int32_t FailedEventStatus(const Status& st) {
-  if (st.code() == Code::kApiError && st.native() < 0) return st.native();
-  return -static_cast<int32_t>(st.code());
+  if (st.code() == Code::kApiError && st.api() == Api::kOpenCL && st.native() < 0) return st.native();
+  if (st.code() == Code::kApiError && st.api() == Api::kCuda && st.native() > 0) return -st.native();
+  return -(ir::kEventFailedTandem + static_cast<int32_t>(st.code()));
 }
 
 }  // namespace

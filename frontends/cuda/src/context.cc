@@ -3,6 +3,7 @@
 // symbols once per device, and collecting asynchronous errors at sync points.
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "frontend.h"
@@ -213,12 +214,23 @@ void ForgetFatBinary(const FatBinary* fb) {
   Frontend& f = Frontend::Get();
   if (!fb->hashed) return;  // never loaded anywhere
   const std::pair<uint64_t, uint64_t> key{fb->hash.high64, fb->hash.low64};
+  // Modules are shared by content: another registered image with the same bytes (the same
+  // object linked into two libraries) keeps the module alive.
+  const bool shared = std::any_of(f.fatbins.begin(), f.fatbins.end(), [&](const auto& other) {
+    return other.get() != fb && other->hashed && other->hash.high64 == key.first && other->hash.low64 == key.second;
+  });
   for (DeviceContext* d : f.known()) {
-    std::erase_if(d->functions, [&](const auto& e) { return e.first->fatbin == fb; });
+    const bool tell_server = !f.exiting && d->session().health().ok();
+    std::erase_if(d->functions, [&](const auto& e) {
+      if (e.first->fatbin != fb) return false;
+      if (tell_server) d->session().Post(ir::FunctionFreeReq{.function = e.second.handle});
+      return true;
+    });
     std::erase_if(d->globals, [&](const auto& e) { return e.first->fatbin == fb; });
+    if (shared) continue;
     auto m = d->modules.find(key);
     if (m == d->modules.end()) continue;
-    if (!f.exiting && d->session().health().ok()) d->session().Post(ir::ModuleFreeReq{.module = m->second});
+    if (tell_server) d->session().Post(ir::ModuleFreeReq{.module = m->second});
     d->modules.erase(m);
   }
 }

@@ -16,7 +16,8 @@ static cudaError_t EventStatusToCuda(int32_t status) {
   if (status == ir::kEventComplete) return cudaSuccess;
   if (status > 0) return cudaErrorNotReady;
   const int32_t code = -status;
-  if (code <= static_cast<int32_t>(Code::kInternal)) return ToCuda(Status(static_cast<Code>(code), ""));
+  if (code >= ir::kEventFailedTandem && code - ir::kEventFailedTandem <= static_cast<int32_t>(Code::kInternal))
+    return ToCuda(Status(static_cast<Code>(code - ir::kEventFailedTandem), "the command failed"));
   return FromCuResult(code);
 }
 

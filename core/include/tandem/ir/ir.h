@@ -178,7 +178,11 @@ enum class ModuleKind : uint32_t { kOpenCLSource = 1, kOpenCLBinary = 2, kCudaIm
 enum StreamFlags : uint32_t { kStreamProfiling = 1, kStreamOutOfOrder = 2, kStreamNonBlocking = 4 };
 enum EventFlags : uint32_t { kEventUser = 1, kEventTiming = 2, kEventBlockingSync = 4 };
 // Event status values follow OpenCL's (CL_COMPLETE = 0 ... CL_QUEUED = 3; negative = error).
+// A failed command's status says what failed, unambiguously: an OpenCL error is its own
+// (negative) cl_int, a CUDA one minus its CUresult, and a failure with no native code
+// -(kEventFailedTandem + Code).
 enum EventStatus : int32_t { kEventComplete = 0, kEventRunning = 1, kEventSubmitted = 2, kEventQueued = 3 };
+inline constexpr int32_t kEventFailedTandem = 100000;
 enum BufferFlags : uint64_t { kBufferReadOnly = 1, kBufferWriteOnly = 2, kBufferHostAccessible = 4 };
 enum LaunchFlags : uint32_t { kLaunchCooperative = 1 };
 
