@@ -16,6 +16,7 @@ if (($# < 3)); then
 fi
 TANDEMD=$1 TANDEM=$2 BUILD=$3 OUT=${4:-$PWD/bench-out}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+source "$HERE/../scripts/lib/tandemd.sh"
 QUICK=${TANDEM_BENCH_QUICK:-0}
 [[ $QUICK == 0 || -z $QUICK ]] && QUICK=0 || QUICK=1
 export TANDEM_BENCH_QUICK=$QUICK
@@ -31,12 +32,7 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/tandem-bench.XXXXXX")
 server_pids=()
 cleanup() {
   local pid
-  for pid in "${server_pids[@]}"; do
-    kill -TERM -- "-$pid" 2>/dev/null || true
-    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL -- "-$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-  done
+  for pid in "${server_pids[@]}"; do stop_tandemd "$pid"; done
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -62,7 +58,7 @@ if command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep '^GPU' >
 # start_server BACKEND: starts tandemd on a free loopback port; sets $server.
 start_server() {
   local backend=$1 port pid
-  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])') || return 1
+  port=$(free_port)
   server=127.0.0.1:$port
   OCL_ICD_VENDORS=$vendors OCL_ICD_FILENAMES=$ocl_libs setsid "$TANDEMD" --listen "$server" --backend "$backend" \
     >"$OUT/tandemd-$backend.log" 2>&1 &

@@ -6,6 +6,7 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+source "$ROOT/scripts/lib/tandemd.sh"
 BUILD=${TANDEM_BUILD_DIR:-$ROOT/build}
 log() { echo "run-main: $*" >&2; }
 
@@ -20,12 +21,7 @@ for f in "$TANDEMD" "$TANDEM" "$PROGRAM"; do [[ -x $f ]] || { log "not built: $f
 work=$(mktemp -d "${TMPDIR:-/tmp}/tandem-main.XXXXXX")
 server_pid=""
 cleanup() {
-  if [[ -n $server_pid ]]; then
-    kill -TERM -- "-$server_pid" 2>/dev/null || true
-    for _ in $(seq 1 50); do kill -0 "$server_pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL -- "-$server_pid" 2>/dev/null || true
-    wait "$server_pid" 2>/dev/null || true
-  fi
+  stop_tandemd "$server_pid"
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -40,7 +36,7 @@ vendors=$(native_opencl_vendors "$work")
 libs=$(icd_libs "$vendors")
 log "tandemd will use OpenCL from $vendors ($libs)"
 
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+port=$(free_port)
 server=127.0.0.1:$port
 # Token-less is allowed on loopback only; its own process group so cleanup stops its workers.
 OCL_ICD_VENDORS=$vendors OCL_ICD_FILENAMES=$libs setsid "$TANDEMD" --listen "$server" --backend opencl >"$work/tandemd.log" 2>&1 &

@@ -229,6 +229,20 @@ cl_int EnqueueWriteBuffer(cl_command_queue q, cl_mem mem, cl_bool blocking, size
   return End(cmd, out, err);
 }
 
+// The checks a read or write rectangle shares: both rectangles, the buffer's bounds, the
+// host pointer and the host access the buffer allows.
+cl_int CheckRectTransfer(Command& cmd, cl_mem mem, const size_t* buffer_origin, const size_t* host_origin,
+                         const size_t* region, size_t buffer_row_pitch, size_t buffer_slice_pitch,
+                         size_t host_row_pitch, size_t host_slice_pitch, const void* ptr, bool host_reads,
+                         Rect* buf, Rect* host) {
+  cl_int err = CheckMem(cmd, mem);
+  if (!err) err = MakeRect(buffer_origin, region, buffer_row_pitch, buffer_slice_pitch, buf);
+  if (!err) err = MakeRect(host_origin, region, host_row_pitch, host_slice_pitch, host);
+  if (!err && (!ptr || RectEnd(*buf, region) > mem->size)) err = CL_INVALID_VALUE;
+  if (!err && !(host_reads ? HostMayRead(mem) : HostMayWrite(mem))) err = CL_INVALID_OPERATION;
+  return err;
+}
+
 // Fetches the rectangle's bounding range once and scatters its rows into host memory.
 cl_int EnqueueReadBufferRect(cl_command_queue q, cl_mem mem, cl_bool blocking, const size_t* buffer_origin,
                              const size_t* host_origin, const size_t* region, size_t buffer_row_pitch,
@@ -238,11 +252,8 @@ cl_int EnqueueReadBufferRect(cl_command_queue q, cl_mem mem, cl_bool blocking, c
   if (cl_int err = Begin(q, n, list, out, CL_COMMAND_READ_BUFFER_RECT, Completion::kHost, &cmd))
     return End(cmd, out, err);
   Rect buf, host;
-  cl_int err = CheckMem(cmd, mem);
-  if (!err) err = MakeRect(buffer_origin, region, buffer_row_pitch, buffer_slice_pitch, &buf);
-  if (!err) err = MakeRect(host_origin, region, host_row_pitch, host_slice_pitch, &host);
-  if (!err && (!ptr || RectEnd(buf, region) > mem->size)) err = CL_INVALID_VALUE;
-  if (!err && !HostMayRead(mem)) err = CL_INVALID_OPERATION;
+  cl_int err = CheckRectTransfer(cmd, mem, buffer_origin, host_origin, region, buffer_row_pitch, buffer_slice_pitch,
+                                 host_row_pitch, host_slice_pitch, ptr, /*host_reads=*/true, &buf, &host);
   if (err) return End(cmd, out, err);
   size_t lo = buf.Offset(0, 0), hi = RectEnd(buf, region);
   auto staging = std::make_shared<std::vector<uint8_t>>(hi - lo);
@@ -264,11 +275,8 @@ cl_int EnqueueWriteBufferRect(cl_command_queue q, cl_mem mem, cl_bool blocking, 
   if (cl_int err = Begin(q, n, list, out, CL_COMMAND_WRITE_BUFFER_RECT, Completion::kRemote, &cmd))
     return End(cmd, out, err);
   Rect buf, host;
-  cl_int err = CheckMem(cmd, mem);
-  if (!err) err = MakeRect(buffer_origin, region, buffer_row_pitch, buffer_slice_pitch, &buf);
-  if (!err) err = MakeRect(host_origin, region, host_row_pitch, host_slice_pitch, &host);
-  if (!err && (!ptr || RectEnd(buf, region) > mem->size)) err = CL_INVALID_VALUE;
-  if (!err && !HostMayWrite(mem)) err = CL_INVALID_OPERATION;
+  cl_int err = CheckRectTransfer(cmd, mem, buffer_origin, host_origin, region, buffer_row_pitch, buffer_slice_pitch,
+                                 host_row_pitch, host_slice_pitch, ptr, /*host_reads=*/false, &buf, &host);
   if (err) return End(cmd, out, err);
   auto runs = Runs(buf, host, region);
   // Blocking: wait until every run's source bytes have been taken.

@@ -130,26 +130,23 @@ std::unique_ptr<_cl_device_id> MakeDevice(client::Device* remote) {
     b.SetString(CL_DEVICE_OPENCL_C_VERSION, "OpenCL C 1.2 " + AfterVersion(c_version, "OpenCL C "));
   b.SetIfPresent(CL_DEVICE_NUMERIC_VERSION, cl_version{CL_MAKE_VERSION(1, 2, 0)});
   b.SetString(CL_DEVICE_EXTENSIONS, FilterExtensions(b.String(CL_DEVICE_EXTENSIONS)));
-  if (b.Has(CL_DEVICE_EXTENSIONS_WITH_VERSION)) {
-    const auto& raw = d->info[CL_DEVICE_EXTENSIONS_WITH_VERSION];
+  // The cl_name_version arrays keep only what Tandem passes on.
+  auto filter = [&](cl_device_info param, auto keep) {
+    if (!b.Has(param)) return;
+    const auto& raw = d->info[param];
     std::vector<cl_name_version> kept;
     for (size_t off = 0; off + sizeof(cl_name_version) <= raw.size(); off += sizeof(cl_name_version)) {
       cl_name_version nv;
       std::memcpy(&nv, raw.data() + off, sizeof nv);
-      if (KeepExtension(std::string_view(nv.name, strnlen(nv.name, sizeof nv.name)))) kept.push_back(nv);
+      if (keep(nv)) kept.push_back(nv);
     }
-    b.SetArray(CL_DEVICE_EXTENSIONS_WITH_VERSION, kept);
-  }
-  if (b.Has(CL_DEVICE_OPENCL_C_ALL_VERSIONS)) {
-    const auto& raw = d->info[CL_DEVICE_OPENCL_C_ALL_VERSIONS];
-    std::vector<cl_name_version> kept;
-    for (size_t off = 0; off + sizeof(cl_name_version) <= raw.size(); off += sizeof(cl_name_version)) {
-      cl_name_version nv;
-      std::memcpy(&nv, raw.data() + off, sizeof nv);
-      if (nv.version <= CL_MAKE_VERSION(1, 2, 0)) kept.push_back(nv);
-    }
-    b.SetArray(CL_DEVICE_OPENCL_C_ALL_VERSIONS, kept);
-  }
+    b.SetArray(param, kept);
+  };
+  filter(CL_DEVICE_EXTENSIONS_WITH_VERSION, [](const cl_name_version& nv) {
+    return KeepExtension(std::string_view(nv.name, strnlen(nv.name, sizeof nv.name)));
+  });
+  filter(CL_DEVICE_OPENCL_C_ALL_VERSIONS,
+         [](const cl_name_version& nv) { return nv.version <= CL_MAKE_VERSION(1, 2, 0); });
 
   // No images or samplers.
   b.Set(CL_DEVICE_IMAGE_SUPPORT, cl_bool{CL_FALSE});

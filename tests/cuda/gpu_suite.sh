@@ -5,6 +5,7 @@
 # through Tandem with the real CUDA libraries hidden from it (no libcudart, no libcuda, empty
 # LD_LIBRARY_PATH), as on a client with no CUDA installed. Exit 77 (skip) without a GPU.
 set -u -o pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib/tandemd.sh"
 tandemd=$1 lib=$2; shift 2
 programs=("$@")
 
@@ -19,12 +20,7 @@ keep=${TANDEM_CUDA_SUITE_LOGS:-}  # a folder to copy every output to
 server_pid=""
 cleanup() {
   local rc=$?
-  if [[ -n $server_pid ]]; then
-    kill -TERM -- "-$server_pid" 2>/dev/null
-    for _ in $(seq 1 50); do kill -0 "$server_pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL -- "-$server_pid" 2>/dev/null
-    wait "$server_pid" 2>/dev/null
-  fi
+  stop_tandemd "$server_pid"
   [[ -n $keep ]] && mkdir -p "$keep" && cp -r "$work"/. "$keep"/
   rm -rf "$work"
   exit "$rc"
@@ -41,11 +37,6 @@ if ! ldconfig -p | grep -q 'libcudart\.so\.13 '; then
     [[ -e $d/libcudart.so.13 ]] && native_path=$d${native_path:+:$native_path} && break
   done
 fi
-
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null \
-    || echo $((20000 + RANDOM % 40000))
-}
 
 # tandemd in its own process group, so cleanup stops the broker and its session workers.
 start_server() {

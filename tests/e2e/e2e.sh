@@ -16,6 +16,7 @@
 # OpenCL when the driver's libnvidia-opencl.so.1 is present; else PoCL. tandemd uses the same.
 # Both loaders are pinned: OCL_ICD_VENDORS for ocl-icd, OCL_ICD_FILENAMES for Khronos'.
 set -u -o pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib/tandemd.sh"
 
 fail() { echo "e2e: FAIL: $*" >&2; exit 1; }
 note() { echo "e2e: $*" >&2; }
@@ -30,13 +31,7 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/tandem-e2e.XXXXXX") || fail "mktemp"
 server_pid=""
 cleanup() {
   local rc=$?
-  if [[ -n $server_pid ]]; then
-    # tandemd runs in its own process group (setsid): stop it and its session workers.
-    kill -TERM -- "-$server_pid" 2>/dev/null
-    for _ in $(seq 1 50); do kill -0 "$server_pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL -- "-$server_pid" 2>/dev/null
-    wait "$server_pid" 2>/dev/null
-  fi
+  stop_tandemd "$server_pid"  # its own process group (setsid): the broker and its workers
   if [[ $rc -ne 0 && -s $work/tandemd.log ]]; then
     echo "---- tandemd log (last 40 lines) ----" >&2
     tail -n 40 "$work/tandemd.log" >&2
@@ -61,11 +56,6 @@ native() { OCL_ICD_VENDORS=$NATIVE OCL_ICD_FILENAMES=$NATIVE_LIBS timeout -k 5 "
 through_tandem() { timeout -k 5 "$RUN_TIMEOUT" "$tandem" run --servers "$SERVER" -- "$@"; }
 
 # ---- the server ------------------------------------------------------------------------------
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null \
-    || echo $((20000 + RANDOM % 40000))
-}
-
 start_server() {
   local tries port
   for tries in 1 2 3; do
