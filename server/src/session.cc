@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <string>
+#include <type_traits>
 
 #include "tandem/log.h"
 
@@ -158,6 +159,15 @@ std::optional<std::vector<uint8_t>> Session::RunUrgent(std::span<const uint8_t> 
         Req req;
         typename Req::Reply rep{};
         Status st = ir::DecodeRequest(rec.payload, &req);
+        // Only completing a user event may overtake the queue: failing it early would fail
+        // commands queued before it differently than natively (a marker enqueued on an
+        // already-failed event). A failure is set in order by the executor.
+        if constexpr (std::is_same_v<Req, ir::UserEventSetReq>) {
+          if (st.ok() && req.status != ir::kEventComplete) {
+            queue_instead = true;
+            return;
+          }
+        }
         if (st.ok()) st = ExecuteUrgent(req, &rep);
         if (st.code() == Code::kUnknownHandle) {
           queue_instead = true;
