@@ -2,6 +2,9 @@
 // in the command or its reply; large ones are moved by the server with RMA directly
 // from/to the program's memory, so nothing is copied on the client.
 #include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <random>
 #include <mutex>
 
 #include "tandem/client/completion.h"
@@ -88,6 +91,59 @@ Status ReadBuffer(Session& s, ir::BufferReadReq req, void* dst, bool blocking,
   Status st = s.Flush();
   if (!blocking) return st;
   return completion->Wait();
+}
+
+bool DirectCopiesEnabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("TANDEM_VDMA");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  return on;
+}
+
+namespace {
+uint64_t NewTransferId() {
+  // A capability: whoever knows it may pull the bytes from the source worker.
+  static std::mutex mu;
+  static std::mt19937_64 rng = [] {
+    std::random_device rd;
+    std::seed_seq seq{rd(), rd(), rd(), rd(), rd(), rd(), rd(), rd()};
+    return std::mt19937_64(seq);
+  }();
+  std::lock_guard<std::mutex> lock(mu);
+  uint64_t id;
+  do id = rng(); while (id == 0);
+  return id;
+}
+}  // namespace
+
+Status CopyBetweenServers(const CopyEnd& src, const CopyEnd& dst, uint64_t size, uint64_t signal) {
+  if (!src.session || !dst.session || src.session == dst.session)
+    return Status(Code::kInternal, "CopyBetweenServers needs two different sessions");
+  if (size == 0) return Status::Ok();
+  if (DirectCopiesEnabled()) {
+    const uint64_t transfer = NewTransferId();
+    // The destination first: its PeerRecv blocks only its own queue until the bytes come.
+    dst.session->Post(ir::PeerRecvReq{.stream = dst.stream, .buffer = dst.buffer, .offset = dst.offset, .size = size,
+                                      .peer = src.session->worker_address(), .transfer = transfer, .wait = dst.wait,
+                                      .signal = signal});
+    src.session->Post(ir::PeerSendReq{.stream = src.stream, .buffer = src.buffer, .offset = src.offset, .size = size,
+                                      .transfer = transfer, .wait = src.wait, .signal = 0});
+    Stats::Get().server_to_server.fetch_add(size, std::memory_order_relaxed);
+    Status a = dst.session->Flush();
+    Status b = src.session->Flush();
+    return a.ok() ? b : a;
+  }
+  auto staging = std::make_shared<std::vector<uint8_t>>(size);
+  TANDEM_RETURN_IF_ERROR(ReadBuffer(*src.session,
+                                    ir::BufferReadReq{.stream = src.stream, .buffer = src.buffer, .offset = src.offset,
+                                                      .size = size, .remote = {}, .wait = src.wait, .signal = 0},
+                                    staging->data(), /*blocking=*/true));
+  Stats::Get().relayed.fetch_add(size, std::memory_order_relaxed);
+  return WriteBuffer(*dst.session,
+                     ir::BufferWriteReq{.stream = dst.stream, .buffer = dst.buffer, .offset = dst.offset, .size = size,
+                                        .data = {}, .remote = {}, .wait = dst.wait, .signal = signal},
+                     staging->data(), /*blocking=*/false, [staging](const Status&) {});
 }
 
 }  // namespace tandem::client

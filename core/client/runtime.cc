@@ -318,7 +318,8 @@ Status RuntimeImpl::Connect(const std::string& server) {
   }
   log::Info("connected to {} ({}, {} devices, session port {})", server, attach->backend, attach->device_count,
             hello->session_port);
-  auto s = std::make_unique<SessionImpl>(ep_.get(), *worker, server, attach->backend, [this] { WakeFlusher(); });
+  auto s = std::make_unique<SessionImpl>(ep_.get(), *worker, server, worker_addr, attach->backend,
+                                         [this] { WakeFlusher(); });
   s->device_count_hint = attach->device_count;
   sessions_.push_back(std::move(s));
   return Status::Ok();

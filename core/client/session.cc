@@ -27,9 +27,10 @@ Clock::duration FailoverTimeout() {
 }
 }  // namespace
 
-SessionImpl::SessionImpl(fabric::Endpoint* ep, fabric::PeerId peer, std::string server, std::string backend,
-                         std::function<void()> wake_flusher)
-    : ep_(ep), peer_(peer), server_(std::move(server)), backend_(std::move(backend)),
+SessionImpl::SessionImpl(fabric::Endpoint* ep, fabric::PeerId peer, std::string server, std::string worker_address,
+                         std::string backend, std::function<void()> wake_flusher)
+    : ep_(ep), peer_(peer), server_(std::move(server)), worker_address_(std::move(worker_address)),
+      backend_(std::move(backend)),
       wake_flusher_(std::move(wake_flusher)) {}
 
 uint64_t SessionImpl::PostRaw(uint16_t opcode, std::vector<uint8_t> payload, RawReplyFn fn) {

@@ -15,11 +15,12 @@ using Clock = std::chrono::steady_clock;
 
 class SessionImpl final : public Session {
  public:
-  SessionImpl(fabric::Endpoint* ep, fabric::PeerId peer, std::string server, std::string backend,
-              std::function<void()> wake_flusher);
+  SessionImpl(fabric::Endpoint* ep, fabric::PeerId peer, std::string server, std::string worker_address,
+              std::string backend, std::function<void()> wake_flusher);
 
   const std::string& server() const override { return server_; }
   const std::string& backend() const override { return backend_; }
+  const std::string& worker_address() const override { return worker_address_; }
   uint64_t PostRaw(uint16_t opcode, std::vector<uint8_t> payload, RawReplyFn fn) override;
   Status Flush() override;
   Status CallRaw(uint16_t opcode, std::vector<uint8_t> payload, std::vector<uint8_t>* reply_fields) override;
@@ -47,6 +48,7 @@ class SessionImpl final : public Session {
   fabric::Endpoint* ep_;
   const fabric::PeerId peer_;
   const std::string server_;
+  const std::string worker_address_;
   const std::string backend_;
   const std::function<void()> wake_flusher_;
 

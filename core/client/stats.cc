@@ -59,7 +59,8 @@ void Stats::Print(size_t servers) const {
                      Bytes(rma_to_server));
   out += fmt::format("from servers: {} in {} messages, {} moved by RMA\n", Bytes(bytes_received),
                      messages_received.load(), Bytes(rma_from_server));
-  out += fmt::format("server-to-server: {}\n", Bytes(0));
+  out += fmt::format("server-to-server: {} direct, {} relayed through this process\n", Bytes(server_to_server),
+                     Bytes(relayed));
   out += fmt::format("round trips: {}, waiting on the network: {:.3f} s\n", round_trips.load(), wait_ns.load() / 1e9);
   ssize_t n = ::write(STDERR_FILENO, out.data(), out.size());
   (void)n;

@@ -65,13 +65,6 @@ cl_command_queue MakeQueue(cl_context context, cl_device_id device, cl_command_q
   if (props & ~cl_command_queue_properties{CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE | CL_QUEUE_PROFILING_ENABLE})
     return SetErr(errcode_ret, CL_INVALID_VALUE), nullptr;
   if (props & ~device->queue_props) return SetErr(errcode_ret, CL_INVALID_QUEUE_PROPERTIES), nullptr;
-  // Buffers live on the context's first server; copies between servers come later.
-  if (&device->session() != &context->home()->session()) {
-    log::Error("OpenCL: a queue on device {} (server {}) cannot reach this context's buffers on {}: "
-               "server-to-server copies are not implemented yet",
-               device->remote->info.name, device->session().server(), context->home()->session().server());
-    return SetErr(errcode_ret, CL_INVALID_OPERATION), nullptr;
-  }
   auto q = std::make_unique<_cl_command_queue>();
   q->context = context;
   q->device = device;

@@ -26,7 +26,7 @@ cl_int Begin(cl_command_queue q, cl_uint n, const cl_event* list, cl_event* out,
              Completion completion, Command* cmd) {
   if (!Valid(q)) return CL_INVALID_COMMAND_QUEUE;
   cmd->q = q;
-  if (cl_int err = CheckWaitList(q->context, n, list, &cmd->wait); err != CL_SUCCESS) return err;
+  if (cl_int err = CheckWaitList(q->context, q->session(), n, list, &cmd->wait); err != CL_SUCCESS) return err;
   if (out) cmd->event = NewEvent(q->context, q, type, completion);
   return CL_SUCCESS;
 }
@@ -43,16 +43,21 @@ cl_int End(Command& cmd, cl_event* out, cl_int err) {
   return err;
 }
 
-void WaitReady(Command& cmd, uint64_t ready) {
-  if (ready && std::find(cmd.wait.begin(), cmd.wait.end(), ready) == cmd.wait.end()) cmd.wait.push_back(ready);
-}
-
-// Checks a buffer the command uses and orders the command after its initial upload.
+// Checks a buffer the command uses (AcquireBuffer orders the command after its upload).
 cl_int CheckMem(Command& cmd, cl_mem mem) {
   if (!Valid(mem)) return CL_INVALID_MEM_OBJECT;
   if (mem->context != cmd.q->context) return CL_INVALID_CONTEXT;
-  WaitReady(cmd, mem->ready_event());
   return CL_SUCCESS;
+}
+
+// Whether [offset, offset+size) of `mem` is all of its root buffer.
+bool WholeRoot(cl_mem mem, size_t offset, size_t size) {
+  return !mem->parent && offset == 0 && size == mem->size;
+}
+
+// The buffer's handle on the command's server, its bytes made current there.
+cl_int Acquire(Command& cmd, cl_mem mem, BufferUse use, uint64_t* handle) {
+  return AcquireBuffer(cmd.q, mem, use, handle, &cmd.wait);
 }
 
 cl_int CheckRange(cl_mem mem, size_t offset, size_t size) {
@@ -86,7 +91,7 @@ cl_int Read(Command& cmd, cl_mem mem, bool blocking, size_t offset, size_t size,
             std::function<void()> then, std::string_view call) {
   ir::BufferReadReq req;
   req.stream = cmd.q->stream;
-  req.buffer = mem->remote();
+  if (cl_int err = Acquire(cmd, mem, BufferUse::kRead, &req.buffer)) return err;
   req.offset = mem->origin + offset;
   req.size = size;
   req.wait = cmd.wait;
@@ -114,7 +119,9 @@ Status Write(Command& cmd, cl_mem mem, bool blocking, size_t offset, size_t size
              uint64_t signal, std::function<void(const Status&)> done = {}) {
   ir::BufferWriteReq req;
   req.stream = cmd.q->stream;
-  req.buffer = mem->remote();
+  if (cl_int err = Acquire(cmd, mem, WholeRoot(mem, offset, size) ? BufferUse::kOverwrite : BufferUse::kWrite,
+                           &req.buffer))
+    return Status(Code::kApiError, "cannot bring the buffer to this queue's server", err, Api::kOpenCL);
   req.offset = mem->origin + offset;
   req.size = size;
   req.wait = cmd.wait;
@@ -317,7 +324,20 @@ cl_int EnqueueCopyBuffer(cl_command_queue q, cl_mem src, cl_mem dst, size_t src_
   if (err) return End(cmd, out, err);
   size_t s0 = src->origin + src_offset, d0 = dst->origin + dst_offset;
   if (src->remote() == dst->remote() && s0 < d0 + size && d0 < s0 + size) return End(cmd, out, CL_MEM_COPY_OVERLAP);
-  q->session().Post(ir::BufferCopyReq{q->stream, src->remote(), s0, dst->remote(), d0, size, cmd.wait, cmd.signal()});
+  uint64_t sh = 0, dh = 0;
+  const BufferUse dst_use = WholeRoot(dst, dst_offset, size) ? BufferUse::kOverwrite : BufferUse::kWrite;
+  if (src->root() != dst->root() && !CurrentOn(q, src)) {
+    // The source's bytes are on another server: only the range travels, server to server.
+    client::CopyEnd from = CurrentSource(src);
+    from.offset = s0;
+    if (cl_int e = Acquire(cmd, dst, dst_use, &dh)) return End(cmd, out, e);
+    client::CopyEnd to{.session = &q->session(), .stream = q->stream, .buffer = dh, .offset = d0, .wait = cmd.wait};
+    Status st = client::CopyBetweenServers(from, to, size, cmd.signal());
+    return End(cmd, out, ToCl(st, "clEnqueueCopyBuffer", CL_MEM_OBJECT_ALLOCATION_FAILURE));
+  }
+  if (cl_int e = Acquire(cmd, src, BufferUse::kRead, &sh)) return End(cmd, out, e);
+  if (cl_int e = Acquire(cmd, dst, dst_use, &dh)) return End(cmd, out, e);
+  q->session().Post(ir::BufferCopyReq{q->stream, sh, s0, dh, d0, size, cmd.wait, cmd.signal()});
   return End(cmd, out, CL_SUCCESS);
 }
 
@@ -344,8 +364,8 @@ cl_int EnqueueCopyBufferRect(cl_command_queue q, cl_mem src, cl_mem dst, const s
   // Sub-buffer origins fold into the x origin (bytes).
   ir::BufferCopyRectReq req;
   req.stream = q->stream;
-  req.src = src->remote();
-  req.dst = dst->remote();
+  if (cl_int e = Acquire(cmd, src, BufferUse::kRead, &req.src)) return End(cmd, out, e);
+  if (cl_int e = Acquire(cmd, dst, BufferUse::kWrite, &req.dst)) return End(cmd, out, e);
   req.src_origin = {src_origin[0] + src->origin, src_origin[1], src_origin[2]};
   req.dst_origin = {dst_origin[0] + dst->origin, dst_origin[1], dst_origin[2]};
   req.region = {region[0], region[1], region[2]};
@@ -366,7 +386,10 @@ cl_int EnqueueFillBuffer(cl_command_queue q, cl_mem mem, const void* pattern, si
   if (!err && (!pattern || !pow2 || offset % pattern_size || size % pattern_size)) err = CL_INVALID_VALUE;
   if (err) return End(cmd, out, err);
   const auto* p = static_cast<const uint8_t*>(pattern);
-  q->session().Post(ir::BufferFillReq{q->stream, mem->remote(), mem->origin + offset, size,
+  uint64_t h = 0;
+  if (cl_int e = Acquire(cmd, mem, WholeRoot(mem, offset, size) ? BufferUse::kOverwrite : BufferUse::kWrite, &h))
+    return End(cmd, out, e);
+  q->session().Post(ir::BufferFillReq{q->stream, h, mem->origin + offset, size,
                                       std::vector<uint8_t>(p, p + pattern_size), cmd.wait, cmd.signal()});
   return End(cmd, out, CL_SUCCESS);
 }
@@ -442,7 +465,8 @@ cl_int EnqueueUnmapMemObject(cl_command_queue q, cl_mem mem, void* ptr, cl_uint 
   return End(cmd, out, CL_SUCCESS);
 }
 
-// All buffers of a context live on one server for now: migration is only an ordering point.
+// Brings each buffer's current bytes to the queue's server (server to server), or only a
+// place for them with CONTENT_UNDEFINED; migrating to the host leaves them where they are.
 cl_int EnqueueMigrateMemObjects(cl_command_queue q, cl_uint num_mems, const cl_mem* mems, cl_mem_migration_flags flags,
                                 cl_uint n, const cl_event* list, cl_event* out) {
   Command cmd;
@@ -453,6 +477,14 @@ cl_int EnqueueMigrateMemObjects(cl_command_queue q, cl_uint num_mems, const cl_m
     return End(cmd, out, CL_INVALID_VALUE);
   for (cl_uint i = 0; i < num_mems; ++i)
     if (cl_int err = CheckMem(cmd, mems[i])) return End(cmd, out, err);
+  if (!(flags & CL_MIGRATE_MEM_OBJECT_HOST)) {
+    const BufferUse use =
+        (flags & CL_MIGRATE_MEM_OBJECT_CONTENT_UNDEFINED) ? BufferUse::kOverwrite : BufferUse::kRead;
+    for (cl_uint i = 0; i < num_mems; ++i) {
+      uint64_t h = 0;
+      if (cl_int err = Acquire(cmd, mems[i], use, &h)) return End(cmd, out, err);
+    }
+  }
   PostMarker(cmd, false);
   return End(cmd, out, CL_SUCCESS);
 }
@@ -506,8 +538,14 @@ cl_int EnqueueNDRangeKernel(cl_command_queue q, cl_kernel k, cl_uint dims, const
     std::lock_guard lock(k->mu);
     for (const auto& a : k->args) {
       if (!a.set) return End(cmd, out, CL_INVALID_KERNEL_ARGS);
-      WaitReady(cmd, a.ready);
-      req.args.push_back(ir::LaunchArg{static_cast<uint32_t>(a.kind), a.value, a.data});
+      uint64_t value = a.value;
+      if (a.kind == ir::ArgKind::kBuffer) {
+        // Read-only buffers stay current wherever they are; any other may be written.
+        if (!Valid(a.mem)) return End(cmd, out, CL_INVALID_KERNEL_ARGS);
+        const BufferUse use = (a.mem->flags & CL_MEM_READ_ONLY) ? BufferUse::kRead : BufferUse::kWrite;
+        if (cl_int e = Acquire(cmd, a.mem, use, &value)) return End(cmd, out, e);
+      }
+      req.args.push_back(ir::LaunchArg{static_cast<uint32_t>(a.kind), value, a.data});
       // A sub-buffer inside its buffer: the server passes the kernel a sub-buffer of that range.
       if (a.kind == ir::ArgKind::kBuffer && a.offset) req.args.back().data = ir::SubRange(a.offset, a.size);
     }

@@ -196,9 +196,10 @@ void SetEventStatus(cl_event e, cl_int status) {
   }
 }
 
-cl_int CheckWaitList(cl_context context, cl_uint n, const cl_event* list, std::vector<uint64_t>* handles) {
+cl_int CheckWaitList(cl_context context, client::Session& session, cl_uint n, const cl_event* list,
+                     std::vector<uint64_t>* handles) {
   if ((n > 0) != (list != nullptr)) return CL_INVALID_EVENT_WAIT_LIST;
-  client::Session& home = context->home()->session();
+  client::Session& home = session;
   for (cl_uint i = 0; i < n; ++i) {
     cl_event e = list[i];
     if (!Valid(e)) return CL_INVALID_EVENT_WAIT_LIST;

@@ -1,7 +1,10 @@
 // Buffers and sub-buffers. A buffer is a remote allocation on the server of its context's
-// first device (BufferAlloc, posted); a sub-buffer is a client-side view (parent + origin)
-// whose offsets are rewritten on the client. Host-pointer buffers get an initial upload;
+// first device (BufferAlloc, posted), plus a copy on each other server whose queues use it,
+// kept coherent by server-to-server copies (AcquireBuffer); a sub-buffer is a client-side
+// view (parent + origin) whose offsets are rewritten on the client. Host-pointer buffers get an initial upload;
 // USE_HOST_PTR memory is synchronised at map/unmap (enqueue.cc).
+#include <algorithm>
+
 #include "objects.h"
 
 namespace tandem::ocl {
@@ -54,6 +57,7 @@ cl_mem CreateBuffer(cl_context context, cl_mem_flags flags, size_t size, void* h
   mem->handle = client::Runtime::Get().NewHandle();
   client::Session& s = mem->session();
   s.Post(ir::BufferAllocReq{mem->handle, mem->resident->remote->remote_index, size, IrFlags(flags), 0});
+  mem->copies.push_back(_cl_mem::Copy{.session = &s, .handle = mem->handle, .stream = 0, .current = true});
   // The initial contents travel from a private copy, so creation does not wait.
   if (wants_ptr) {
     auto copy = std::make_shared<std::vector<uint8_t>>(static_cast<uint8_t*>(host_ptr),
@@ -108,6 +112,76 @@ cl_mem CreateSubBuffer(cl_mem buffer, cl_mem_flags flags, cl_buffer_create_type 
   mem->context->Hold();
   SetErr(errcode_ret, CL_SUCCESS);
   return Publish(mem.release());
+}
+
+// ---- residency across servers ----------------------------------------------------------
+
+namespace {
+// The copy of `root` on `session`, or nullptr. Called with residency_mu held.
+_cl_mem::Copy* CopyOn(_cl_mem* root, const client::Session* session) {
+  for (auto& c : root->copies)
+    if (c.session == session) return &c;
+  return nullptr;
+}
+
+_cl_mem* MutableRoot(cl_mem mem) { return mem->parent ? mem->parent : mem; }
+
+// The source end of a copy from root's first current copy. Called with residency_mu held.
+client::CopyEnd SourceOf(_cl_mem* root) {
+  for (size_t i = 0; i < root->copies.size(); ++i) {
+    const auto& c = root->copies[i];
+    if (!c.current) continue;
+    client::CopyEnd end{.session = c.session, .stream = c.stream, .buffer = c.handle, .offset = 0};
+    // The home copy may still be waiting for its initial upload.
+    if (i == 0 && root->ready) end.wait.push_back(root->ready);
+    return end;
+  }
+  return {};  // unreachable: some copy is always current
+}
+}  // namespace
+
+bool CurrentOn(cl_command_queue q, cl_mem mem) {
+  _cl_mem* root = MutableRoot(mem);
+  std::lock_guard lock(root->residency_mu);
+  const _cl_mem::Copy* c = CopyOn(root, &q->session());
+  return c && c->current;
+}
+
+client::CopyEnd CurrentSource(cl_mem mem) {
+  _cl_mem* root = MutableRoot(mem);
+  std::lock_guard lock(root->residency_mu);
+  return SourceOf(root);
+}
+
+cl_int AcquireBuffer(cl_command_queue q, cl_mem mem, BufferUse use, uint64_t* handle, std::vector<uint64_t>* wait) {
+  _cl_mem* root = MutableRoot(mem);
+  client::Session* here = &q->session();
+  std::lock_guard lock(root->residency_mu);
+  _cl_mem::Copy* mine = CopyOn(root, here);
+  if (!mine) {
+    const uint64_t h = client::Runtime::Get().NewHandle();
+    here->Post(ir::BufferAllocReq{h, q->device->remote->remote_index, root->size, IrFlags(root->flags), 0});
+    root->copies.push_back(_cl_mem::Copy{.session = here, .handle = h, .stream = 0, .current = false});
+    mine = &root->copies.back();
+  }
+  const bool home = mine == &root->copies.front();
+  if (home && root->ready && std::find(wait->begin(), wait->end(), root->ready) == wait->end())
+    wait->push_back(root->ready);
+  if (!mine->current && use != BufferUse::kOverwrite) {
+    client::CopyEnd from = SourceOf(root);
+    client::CopyEnd to{.session = here, .stream = q->stream, .buffer = mine->handle, .offset = 0};
+    Status st = client::CopyBetweenServers(from, to, root->size, 0);
+    if (!st.ok()) return ToCl(st, "moving a buffer between servers", CL_MEM_OBJECT_ALLOCATION_FAILURE);
+  }
+  if (use == BufferUse::kRead) {
+    if (!mine->current) mine->stream = q->stream;
+    mine->current = true;
+  } else {
+    for (auto& c : root->copies) c.current = &c == mine;
+    mine->stream = q->stream;
+  }
+  *handle = mine->handle;
+  return CL_SUCCESS;
 }
 
 cl_int RetainMemObject(cl_mem mem) {
@@ -179,7 +253,7 @@ _cl_mem::~_cl_mem() {
     parent->Unhold();
   } else {
     if (ready) session().Post(tandem::ir::EventDestroyReq{ready});
-    session().Post(tandem::ir::BufferFreeReq{handle});
+    for (const Copy& c : copies) c.session->Post(tandem::ir::BufferFreeReq{c.handle});
   }
   cl_mem self = this;
   for (auto it = destructors.rbegin(); it != destructors.rend(); ++it)

@@ -250,9 +250,21 @@ struct _cl_mem : tandem::ocl::Object<_cl_mem> {
   void* host_ptr = nullptr;  // CL_MEM_USE_HOST_PTR (a sub-buffer: parent's + origin)
   cl_mem parent = nullptr;   // sub-buffer: a view of parent at origin
   size_t origin = 0;
-  // Residency: the device whose server holds the bytes and the remote buffer handle.
+  // The home copy: the context's first device, whose server gets the buffer at creation,
+  // and its remote handle.
   cl_device_id resident = nullptr;
   uint64_t handle = 0;
+  // Residency across servers (root buffers only): one copy per server that has used the
+  // buffer, copies[0] being the home copy. `current` copies hold the latest bytes; `stream`
+  // is the one that last wrote a copy, so a copy out of that server is ordered after it.
+  struct Copy {
+    tandem::client::Session* session = nullptr;
+    uint64_t handle = 0;
+    uint64_t stream = 0;
+    bool current = false;
+  };
+  std::mutex residency_mu;
+  std::vector<Copy> copies;
   // The event of the initial upload (host-pointer buffers): the server runs it on its
   // default queue, so commands on other streams that touch the buffer wait for it.
   uint64_t ready = 0;
@@ -358,9 +370,28 @@ cl_event NewEvent(cl_context context, cl_command_queue queue, cl_command_type ty
                   _cl_event::Completion completion);
 // Records a (lower) status; terminal ones wake waiters and schedule callbacks.
 void SetEventStatus(cl_event e, cl_int status);
-// Checks a wait list (CL_INVALID_EVENT_WAIT_LIST / CL_INVALID_CONTEXT) and returns the
-// remote handles to wait for; events of another server are waited for here first.
-cl_int CheckWaitList(cl_context context, cl_uint n, const cl_event* list, std::vector<uint64_t>* handles);
+// Checks a wait list (CL_INVALID_EVENT_WAIT_LIST / CL_INVALID_CONTEXT). Wait-list events as remote handles of `session` (the queue's server); events of other
+// servers are waited for here first.
+cl_int CheckWaitList(cl_context context, client::Session& session, cl_uint n, const cl_event* list,
+                     std::vector<uint64_t>* handles);
+
+// How a command uses a buffer, for residency across servers (memory.cc).
+enum class BufferUse {
+  kRead,       // needs the current bytes
+  kWrite,      // changes part of it: needs the current bytes, then only this server has them
+  kOverwrite,  // replaces every byte: no copy needed first
+};
+// Makes `mem`'s bytes usable by a command on queue `q`: allocates a copy on q's server when
+// it has none and, unless the command overwrites it all, brings the current bytes there
+// from a server that has them (server to server; see client::CopyBetweenServers). Returns
+// the root buffer's handle on q's server and adds to `wait` the events the command must wait
+// for there (the initial upload). A single-server context never copies anything.
+cl_int AcquireBuffer(cl_command_queue q, cl_mem mem, BufferUse use, uint64_t* handle, std::vector<uint64_t>* wait);
+// Whether q's server already holds the current bytes of `mem`.
+bool CurrentOn(cl_command_queue q, cl_mem mem);
+// Where the current bytes of `mem` are (another server than q's): the source end of a copy,
+// at the root's offset 0.
+client::CopyEnd CurrentSource(cl_mem mem);
 // clWaitForEvents without the argument checks.
 cl_int WaitEvents(const std::vector<cl_event>& events);
 // Routes the server's deferred errors: to the event they signal, else to the log.

@@ -29,7 +29,7 @@ class DispatchTable {
       const auto op = static_cast<uint16_t>(Req::kOpcode);
       auto& family = families_[op >> 8];
       if (family.size() <= (op & 0xffu)) family.resize((op & 0xffu) + 1, nullptr);
-      if constexpr ((Req::kFlags & ir::kBroker) != 0)
+      if constexpr ((Req::kFlags & (ir::kBroker | ir::kPeer)) != 0)
         family[op & 0xffu] = &Session::RefuseBrokerCommand<Req>;
       else
         family[op & 0xffu] = &Session::Run<Req>;
@@ -231,10 +231,15 @@ void Session::Run(const ir::Record& rec, ir::BatchWriter& out) {
 
 template <class Req>
 void Session::RefuseBrokerCommand(const ir::Record& rec, ir::BatchWriter& out) {
-  ReplyError(rec,
-             Status::Protocol(fmt::format("{} is answered by the session broker (the --listen port), not by a session",
-                                          Req::kName)),
-             out);
+  if constexpr ((Req::kFlags & ir::kPeer) != 0)
+    ReplyError(rec, Status::Protocol(fmt::format("{} is exchanged between session workers, not sent by a client",
+                                                 Req::kName)),
+               out);
+  else
+    ReplyError(rec,
+               Status::Protocol(fmt::format(
+                   "{} is answered by the session broker (the --listen port), not by a session", Req::kName)),
+               out);
 }
 
 // Every command that is not a session command goes to the backend. Commands that wait on
@@ -253,9 +258,53 @@ Status Session::Execute(const Req& req, typename Req::Reply* rep) {
       return st;
     }
   }
-  Status st = CallBackend(*backend_, req, rep);
+  Status st = Call(req, rep);
   if constexpr (requires { req.signal; }) NoteSignal(req.signal, st);
   return st;
+}
+
+template <class Req>
+Status Session::Call(const Req& req, typename Req::Reply* rep) {
+  return CallBackend(*backend_, req, rep);
+}
+
+// Runs a backend transfer with `io` as its bulk channel instead of the client's. A reply the
+// backend deferred is waited for here: these commands answer nobody.
+Status Session::WithBulk(BulkIO* io, const std::function<Status()>& run) {
+  BulkIO* saved = backend_->bulk();
+  backend_->set_bulk(io);
+  Status st = run();
+  backend_->set_bulk(saved);
+  if (auto wait = backend_->TakeDeferredReply()) {
+    Status done = wait();
+    if (st.ok()) st = done;
+  }
+  return st;
+}
+
+// The source half of a server-to-server copy: a read of the buffer whose chunks go to the
+// worker that pulls the transfer.
+Status Session::Call(const ir::PeerSendReq& req, ir::PeerSendRep*) {
+  if (!peers_) return Status(Code::kUnimplemented, "PeerSend: this session has no server-to-server transport");
+  if (req.size == 0) return Status::Invalid("PeerSend: empty transfer");
+  auto io = peers_->Source(req.transfer, req.size);
+  if (!io.ok()) return io.status();
+  ir::BufferReadReq read{.stream = req.stream, .buffer = req.buffer, .offset = req.offset, .size = req.size,
+                         .remote = ir::Region{0, req.size, 0}, .wait = req.wait, .signal = req.signal};
+  ir::BufferReadRep unused;
+  return WithBulk(io.value().get(), [&] { return backend_->OnBufferRead(read, &unused); });
+}
+
+// The destination half: a write of the buffer whose chunks come from the source worker.
+Status Session::Call(const ir::PeerRecvReq& req, ir::PeerRecvRep*) {
+  if (!peers_) return Status(Code::kUnimplemented, "PeerRecv: this session has no server-to-server transport");
+  if (req.size == 0) return Status::Invalid("PeerRecv: empty transfer");
+  auto io = peers_->Sink(req.peer, req.transfer, req.size);
+  if (!io.ok()) return io.status();
+  ir::BufferWriteReq write{.stream = req.stream, .buffer = req.buffer, .offset = req.offset, .size = req.size,
+                           .data = {}, .remote = ir::Region{0, req.size, 0}, .wait = req.wait, .signal = req.signal};
+  ir::BufferWriteRep unused;
+  return WithBulk(io.value().get(), [&] { return backend_->OnBufferWrite(write, &unused); });
 }
 
 void Session::NoteSignal(uint64_t signal, const Status& st) {

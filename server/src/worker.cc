@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "fabric_bulk.h"
+#include "peer_link.h"
 #include "tandem/fabric/fabric.h"
 #include "tandem/log.h"
 #include "tandem/server/session.h"
@@ -183,6 +184,8 @@ int RunWorker(const WorkerOptions& opt) {
   log::Info("session worker on {} ({}), waiting for Attach", ep->address(), backend.value()->name());
 
   Session session(backend.value().get(), opt.session_key, /*defer_replies=*/true);
+  FabricPeerLink peers(ep.get(), opt.session_timeout);
+  session.set_peers(&peers);
   Executor executor(&session, ep.get());
   std::unique_ptr<FabricBulk> bulk;
   std::optional<fabric::PeerId> client;
@@ -200,10 +203,12 @@ int RunWorker(const WorkerOptions& opt) {
     fabric::Event& e = ev.value();
     if (e.kind == fabric::EventKind::kPeerLost) {
       if (client && e.peer == *client) EndNow("client lost: " + e.status.ToString());
+      peers.OnPeerLost(e.peer, e.status);
       continue;
     }
     if (client && e.peer != *client) {
-      Refuse(*ep, e.peer, "this session belongs to another client");
+      // Another session's worker pulling or sending a server-to-server copy.
+      if (!peers.OnMessage(e.peer, e.data)) Refuse(*ep, e.peer, "this session belongs to another client");
       continue;
     }
     if (!client) {

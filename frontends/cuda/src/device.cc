@@ -298,7 +298,28 @@ TANDEM_API cudaError_t cudaDeviceCanAccessPeer(int* can, int device, int peer) {
   TANDEM_RETURN_CUDA_IF_ERROR(Return(f.Devices(&list)));
   const auto n = static_cast<int>(list->size());
   if (device < 0 || device >= n || peer < 0 || peer >= n) return Return(cudaErrorInvalidDevice);
-  // A kernel on one remote GPU cannot read another's memory through Tandem.
+  // A kernel on one remote GPU cannot read another's memory through Tandem (copies between
+  // them work: cudaMemcpyPeer goes server to server).
   *can = 0;
   return cudaSuccess;
+}
+
+// Truthful with cudaDeviceCanAccessPeer: no device can map another's memory.
+TANDEM_API cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
+  Frontend& f = Frontend::Get();
+  std::lock_guard<std::mutex> lock(f.mu);
+  std::vector<DeviceContext*>* list = nullptr;
+  TANDEM_RETURN_CUDA_IF_ERROR(Return(f.Devices(&list)));
+  if (peer < 0 || peer >= static_cast<int>(list->size())) return Return(cudaErrorInvalidDevice);
+  if (flags != 0) return Return(cudaErrorInvalidValue);
+  return Return(cudaErrorPeerAccessUnsupported);
+}
+
+TANDEM_API cudaError_t cudaDeviceDisablePeerAccess(int peer) {
+  Frontend& f = Frontend::Get();
+  std::lock_guard<std::mutex> lock(f.mu);
+  std::vector<DeviceContext*>* list = nullptr;
+  TANDEM_RETURN_CUDA_IF_ERROR(Return(f.Devices(&list)));
+  if (peer < 0 || peer >= static_cast<int>(list->size())) return Return(cudaErrorInvalidDevice);
+  return Return(cudaErrorPeerAccessNotEnabled);
 }

@@ -136,8 +136,20 @@ cudaError_t Copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cuda
                                         .dst_offset = d.ptr.address, .size = n});
       return cudaSuccess;
     }
-    // Between devices (possibly of different servers): staged through the client.
-    Target from{.session = &s.ptr.device->session(), .device = s.ptr.device, .stream = 0};
+    DeviceContext* sdev = s.ptr.device;
+    if (sdev->sticky != cudaSuccess) return sdev->sticky;
+    const uint64_t src_stream = sr.device == sdev->index ? sr.handle : 0;
+    if (&sdev->session() != t.session) {
+      // Between servers: the destination server pulls the bytes from the source server
+      // (relayed through this process with TANDEM_VDMA=0). Like a native device-to-device
+      // copy, it does not wait for the copy to finish.
+      client::CopyEnd from{.session = &sdev->session(), .stream = src_stream, .buffer = 0, .offset = s.ptr.address};
+      client::CopyEnd to{.session = t.session, .stream = t.stream, .buffer = 0, .offset = d.ptr.address};
+      lock.unlock();
+      return ToCuda(client::CopyBetweenServers(from, to, n, 0));
+    }
+    // Two devices of one server: staged through the client.
+    Target from{.session = &sdev->session(), .device = sdev, .stream = src_stream};
     lock.unlock();
     std::vector<uint8_t> staging(n);
     TANDEM_RETURN_CUDA_IF_ERROR(Read(from, s.ptr.address, staging.data(), n, false, nullptr));
@@ -247,6 +259,33 @@ TANDEM_API cudaError_t cudaMemcpy2D(void* dst, size_t dpitch, const void* src, s
 TANDEM_API cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
                                          size_t height, cudaMemcpyKind kind, cudaStream_t stream) {
   return Return(Copy2D(dst, dpitch, src, spitch, width, height, kind, stream, true));
+}
+
+// Peer copies: pointers already say which device they are on (one address space); the
+// device arguments must agree with them.
+cudaError_t PeerCopy(void* dst, int dst_device, const void* src, int src_device, size_t n, cudaStream_t stream,
+                     bool async) {
+  {
+    Frontend& f = Frontend::Get();
+    std::lock_guard<std::mutex> lock(f.mu);
+    std::vector<DeviceContext*>* list = nullptr;
+    TANDEM_RETURN_CUDA_IF_ERROR(f.Devices(&list));
+    const auto count = static_cast<int>(list->size());
+    if (dst_device < 0 || dst_device >= count || src_device < 0 || src_device >= count) return cudaErrorInvalidDevice;
+    if (n == 0) return cudaSuccess;
+    std::optional<DevicePtr> d = FindDevicePtr(dst), s = FindDevicePtr(src);
+    if (!d || !s || d->device != (*list)[dst_device] || s->device != (*list)[src_device]) return cudaErrorInvalidValue;
+  }
+  return Copy(dst, src, n, cudaMemcpyDeviceToDevice, stream, async);
+}
+
+TANDEM_API cudaError_t cudaMemcpyPeer(void* dst, int dst_device, const void* src, int src_device, size_t n) {
+  return Return(PeerCopy(dst, dst_device, src, src_device, n, nullptr, false));
+}
+
+TANDEM_API cudaError_t cudaMemcpyPeerAsync(void* dst, int dst_device, const void* src, int src_device, size_t n,
+                                           cudaStream_t stream) {
+  return Return(PeerCopy(dst, dst_device, src, src_device, n, stream, true));
 }
 
 TANDEM_API cudaError_t cudaMemset(void* ptr, int value, size_t n) { return Return(Fill(ptr, value, n, nullptr)); }

@@ -53,6 +53,9 @@ class Session {
   virtual ~Session() = default;
   virtual const std::string& server() const = 0;  // "host:port" as given in TANDEM_SERVERS
   virtual const std::string& backend() const = 0;
+  // "host:port" of this session's worker as this process reaches it; another server's worker
+  // pulls server-to-server copies from there.
+  virtual const std::string& worker_address() const = 0;
 
   // Queues a command. With a reply function, the server answers it and `fn` runs on the
   // receiver thread; without, failures come back as deferred errors at the next sync.
@@ -144,6 +147,23 @@ Status WriteBuffer(Session& s, ir::BufferWriteReq req, const void* src, bool blo
 // otherwise `done` runs (on the receiver thread) once it does.
 Status ReadBuffer(Session& s, ir::BufferReadReq req, void* dst, bool blocking,
                   std::function<void(const Status&)> done = {});
+
+// One end of a copy between two servers: which session, stream, buffer (0: absolute CUDA
+// address in `offset`) and the events the command waits for on that server.
+struct CopyEnd {
+  Session* session = nullptr;
+  uint64_t stream = 0;
+  uint64_t buffer = 0;
+  uint64_t offset = 0;
+  std::vector<uint64_t> wait;
+};
+// False when TANDEM_VDMA=0: copies between servers are then relayed through this process.
+bool DirectCopiesEnabled();
+// Copies `size` bytes between buffers of two different servers, in each side's stream order;
+// `signal` (0: none) completes on the destination when the bytes are there. Directly (VDMA):
+// the destination server pulls them from the source server and nothing here waits. Relayed
+// (TANDEM_VDMA=0): a blocking read into this process, then an asynchronous write.
+Status CopyBetweenServers(const CopyEnd& src, const CopyEnd& dst, uint64_t size, uint64_t signal);
 
 // Parses TANDEM_SERVERS ("host:port[,host:port...]"). Exposed for tests and `tandem info`.
 std::vector<std::string> ParseServerList(const std::string& list);

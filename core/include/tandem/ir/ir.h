@@ -14,7 +14,7 @@
 namespace tandem::ir {
 
 inline constexpr uint32_t kMagic = 0x4D444E54;  // "TNDM" little-endian
-inline constexpr uint32_t kProtocolVersion = 1;
+inline constexpr uint32_t kProtocolVersion = 2;  // 2: server-to-server copies (Peer*)
 inline constexpr uint64_t kFeatureRma = 1u << 0;      // client offers RMA regions for bulk data
 inline constexpr uint64_t kFeatureOpenCL = 1u << 1;
 inline constexpr uint64_t kFeatureCuda = 1u << 2;
@@ -75,6 +75,7 @@ enum Flags : uint32_t {
   kLogged = 1u << 4,
   kBroker = 1u << 5,
   kUrgent = 1u << 6,
+  kPeer = 1u << 7,
 };
 
 // ---- request / reply structs -------------------------------------------------------------

@@ -39,6 +39,7 @@ class Backend {
   virtual std::string name() const = 0;  // "opencl (Portable Computing Language)", "cuda"
   virtual uint32_t device_count() const = 0;
   void set_bulk(BulkIO* bulk) { bulk_ = bulk; }
+  BulkIO* bulk() const { return bulk_; }
   // Output the session's device code printed (CUDA printf) since the last call, by fd
   // (1 stdout, 2 stderr). The worker sends it to the client as Output notifications ahead
   // of the replies of the batch, so it reaches the program before the sync that made it.

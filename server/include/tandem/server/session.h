@@ -6,6 +6,8 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <string>
 #include <optional>
 #include <span>
 #include <unordered_map>
@@ -27,6 +29,19 @@ struct BatchOutcome {
   std::vector<LateReply> late;
   bool refuse_peer = false;    // not authenticated: send `reply`, then close the peer
   bool goodbye = false;        // the client ended the session
+};
+
+// Server-to-server copies (ir PeerSend / PeerRecv). The worker implements it over its fabric
+// endpoint; in-process tests and the fuzzer have none, and those commands then fail cleanly.
+class PeerLink {
+ public:
+  virtual ~PeerLink() = default;
+  // A bulk channel whose Push sends `size` bytes of `transfer` to the worker that pulls it;
+  // waits (bounded) for that worker's PeerPull.
+  virtual Result<std::unique_ptr<BulkIO>> Source(uint64_t transfer, uint64_t size) = 0;
+  // A bulk channel whose Pull asks the worker at `peer` ("host:port") for `transfer` and
+  // hands its bytes over as they arrive.
+  virtual Result<std::unique_ptr<BulkIO>> Sink(const std::string& peer, uint64_t transfer, uint64_t size) = 0;
 };
 
 class Session {
@@ -51,6 +66,7 @@ class Session {
   std::optional<std::vector<uint8_t>> RunUrgent(std::span<const uint8_t> msg);
 
   bool attached() const { return attached_.load(); }
+  void set_peers(PeerLink* peers) { peers_ = peers; }
 
   // The dispatch table entry point for one command type (public so the table can name it).
   template <class Req>
@@ -68,6 +84,13 @@ class Session {
 
   template <class Req>
   Status Execute(const Req& req, typename Req::Reply* rep);
+  // What Execute hands to the backend: the backend's own method, except for the commands the
+  // session turns into backend transfers over another bulk channel.
+  template <class Req>
+  Status Call(const Req& req, typename Req::Reply* rep);
+  Status Call(const ir::PeerSendReq& req, ir::PeerSendRep* rep);
+  Status Call(const ir::PeerRecvReq& req, ir::PeerRecvRep* rep);
+  Status WithBulk(BulkIO* io, const std::function<Status()>& run);
   Status Execute(const ir::AttachReq& req, ir::AttachRep* rep);
   Status Execute(const ir::PingReq& req, ir::PingRep* rep);
   Status Execute(const ir::GoodbyeReq& req, ir::GoodbyeRep* rep);
@@ -88,6 +111,7 @@ class Session {
   void NoteSignal(uint64_t signal, const Status& st);
 
   Backend* backend_;
+  PeerLink* peers_ = nullptr;
   uint64_t session_key_;
   std::atomic<bool> attached_{false};
   bool goodbye_ = false;

@@ -1,0 +1,185 @@
+#include "peer_link.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "tandem/ir/codec.h"
+#include "tandem/log.h"
+
+namespace tandem::server {
+
+// The source side of one transfer: every chunk the backend fills goes to the puller.
+class PeerSource final : public BulkIO {
+ public:
+  PeerSource(FabricPeerLink* link, fabric::PeerId to, uint64_t transfer, uint64_t size)
+      : link_(link), to_(to), transfer_(transfer), size_(size) {}
+  Status Pull(const ir::Region&, size_t, const std::function<Status(const uint8_t*, size_t, size_t)>&) override {
+    return Status(Code::kInternal, "a server-to-server source only sends");
+  }
+  Status Push(const ir::Region&, size_t len,
+              const std::function<Status(uint8_t* chunk, size_t offset, size_t n)>& source) override {
+    if (len != size_) return Status(Code::kInternal, fmt::format("PeerSend of {} bytes asked for {}", size_, len));
+    for (size_t offset = 0; offset < len;) {
+      const size_t n = std::min(FabricPeerLink::kChunk, len - offset);
+      ir::PeerDataReq data{transfer_, offset, ir::bytes(n)};
+      TANDEM_RETURN_IF_ERROR(source(data.data.data(), offset, n));
+      ir::BatchWriter w(ir::BatchKind::kRequests);
+      w.AddRequest(data, 0);
+      Status st = link_->endpoint_->Send(to_, w.Finish());
+      if (!st.ok()) return Status(Code::kLinkLost, "PeerSend: the pulling server is gone: " + st.message());
+      offset += n;
+    }
+    return Status::Ok();
+  }
+
+ private:
+  FabricPeerLink* link_;
+  fabric::PeerId to_;
+  uint64_t transfer_, size_;
+};
+
+// The destination side: asks for the transfer on the first Pull, then hands chunks over in
+// order as they arrive.
+class PeerSink final : public BulkIO {
+ public:
+  PeerSink(FabricPeerLink* link, fabric::PeerId from, uint64_t transfer, uint64_t size)
+      : link_(link), from_(from), transfer_(transfer), size_(size) {}
+  ~PeerSink() override { link_->CloseInbox(transfer_); }
+  Status Pull(const ir::Region&, size_t len,
+              const std::function<Status(const uint8_t* chunk, size_t offset, size_t n)>& sink) override {
+    if (len != size_) return Status(Code::kInternal, fmt::format("PeerRecv of {} bytes asked for {}", size_, len));
+    TANDEM_RETURN_IF_ERROR(link_->SendPull(from_, transfer_, size_));
+    for (size_t offset = 0; offset < len;) {
+      auto chunk = link_->NextChunk(transfer_);
+      if (!chunk.ok()) return chunk.status();
+      auto& [at, bytes] = chunk.value();
+      if (at != offset || bytes.empty() || bytes.size() > len - offset)
+        return Status::Protocol(fmt::format("PeerData of transfer {:#x}: bytes [{}, +{}) where [{}, ...) was due",
+                                            transfer_, at, bytes.size(), offset));
+      TANDEM_RETURN_IF_ERROR(sink(bytes.data(), offset, bytes.size()));
+      offset += bytes.size();
+    }
+    return Status::Ok();
+  }
+  Status Push(const ir::Region&, size_t, const std::function<Status(uint8_t*, size_t, size_t)>&) override {
+    return Status(Code::kInternal, "a server-to-server sink only receives");
+  }
+
+ private:
+  FabricPeerLink* link_;
+  fabric::PeerId from_;
+  uint64_t transfer_, size_;
+};
+
+FabricPeerLink::FabricPeerLink(fabric::Endpoint* endpoint, fabric::Millis timeout)
+    : endpoint_(endpoint), timeout_(timeout) {}
+
+Result<std::unique_ptr<BulkIO>> FabricPeerLink::Source(uint64_t transfer, uint64_t size) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const bool pulled = cv_.wait_for(lock, timeout_, [&] { return pulls_.contains(transfer); });
+  if (!pulled)
+    return Status(Code::kTimeout, fmt::format("PeerSend: no server pulled transfer {:#x} within {} ms", transfer,
+                                              timeout_.count()));
+  Pull pull = pulls_[transfer];
+  pulls_.erase(transfer);
+  if (pull.size != size)
+    return Status::Invalid(
+        fmt::format("PeerSend: transfer {:#x} is {} bytes here, the puller asked for {}", transfer, size, pull.size));
+  return std::unique_ptr<BulkIO>(new PeerSource(this, pull.peer, transfer, size));
+}
+
+Result<std::unique_ptr<BulkIO>> FabricPeerLink::Sink(const std::string& peer, uint64_t transfer, uint64_t size) {
+  if (peer == endpoint_->address())
+    return Status::Invalid("PeerRecv: the source is this session itself; copy within the session instead");
+  auto from = ConnectTo(peer);
+  if (!from.ok()) return from.status();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (inboxes_.contains(transfer)) return Status::Invalid(fmt::format("PeerRecv: transfer {:#x} is already being received", transfer));
+    inboxes_[transfer].from = from.value();
+  }
+  return std::unique_ptr<BulkIO>(new PeerSink(this, from.value(), transfer, size));
+}
+
+Result<fabric::PeerId> FabricPeerLink::ConnectTo(const std::string& peer) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = connections_.find(peer); it != connections_.end()) return it->second;
+  }
+  auto id = endpoint_->Connect(peer, timeout_);
+  if (!id.ok()) return Status(id.status().code(), "PeerRecv: cannot reach the source server: " + id.status().message());
+  std::lock_guard<std::mutex> lock(mu_);
+  connections_[peer] = id.value();
+  outgoing_.insert(id.value());
+  return id.value();
+}
+
+Status FabricPeerLink::SendPull(fabric::PeerId peer, uint64_t transfer, uint64_t size) {
+  ir::BatchWriter w(ir::BatchKind::kRequests);
+  w.AddRequest(ir::PeerPullReq{transfer, size}, 0);
+  Status st = endpoint_->Send(peer, w.Finish());
+  if (!st.ok()) return Status(Code::kLinkLost, "PeerRecv: cannot ask the source server: " + st.message());
+  return st;
+}
+
+Result<std::pair<uint64_t, std::vector<uint8_t>>> FabricPeerLink::NextChunk(uint64_t transfer) {
+  std::unique_lock<std::mutex> lock(mu_);
+  Inbox& in = inboxes_[transfer];
+  const bool ready = cv_.wait_for(lock, timeout_, [&] { return !in.chunks.empty() || !in.failed.ok(); });
+  if (!in.chunks.empty()) {
+    auto chunk = std::move(in.chunks.front());
+    in.chunks.pop_front();
+    return chunk;
+  }
+  if (!ready) return Status(Code::kTimeout, fmt::format("PeerRecv: transfer {:#x} stalled for {} ms", transfer, timeout_.count()));
+  return in.failed;
+}
+
+void FabricPeerLink::CloseInbox(uint64_t transfer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  inboxes_.erase(transfer);
+}
+
+bool FabricPeerLink::OnMessage(fabric::PeerId peer, std::span<const uint8_t> msg) {
+  std::vector<ir::Record> records;
+  Status st = ir::ParseBatch(msg, ir::BatchKind::kRequests, &records);
+  if (!st.ok() || records.empty()) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const ir::Record& rec : records) {
+    if (rec.header.opcode == static_cast<uint16_t>(ir::Opcode::kPeerPull)) {
+      ir::PeerPullReq pull;
+      if (!ir::DecodeRequest(rec.payload, &pull).ok() || pulls_.size() >= kMaxPendingPulls) return false;
+      pulls_[pull.transfer] = Pull{peer, pull.size};
+    } else if (rec.header.opcode == static_cast<uint16_t>(ir::Opcode::kPeerData)) {
+      ir::PeerDataReq data;
+      if (!ir::DecodeRequest(rec.payload, &data).ok()) return false;
+      // Only from a worker this one asked, for a transfer it is receiving from that worker.
+      auto it = inboxes_.find(data.transfer);
+      if (!outgoing_.contains(peer) || it == inboxes_.end() || it->second.from != peer) {
+        log::Warn("PeerData for transfer {:#x} nobody here asked that peer for: dropped", data.transfer);
+        continue;
+      }
+      it->second.chunks.emplace_back(data.offset, std::move(data.data));
+    } else {
+      return false;
+    }
+  }
+  cv_.notify_all();
+  return true;
+}
+
+void FabricPeerLink::OnPeerLost(fabric::PeerId peer, const Status& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = connections_.begin(); it != connections_.end();) {
+    if (it->second == peer) it = connections_.erase(it);
+    else ++it;
+  }
+  outgoing_.erase(peer);
+  for (auto& [transfer, in] : inboxes_)
+    if (in.from == peer) in.failed = Status(Code::kLinkLost, "the source server of a copy was lost: " + why.message());
+  std::erase_if(pulls_, [&](const auto& p) { return p.second.peer == peer; });
+  cv_.notify_all();
+}
+
+}  // namespace tandem::server

@@ -1,0 +1,199 @@
+// One OpenCL context over the devices of two tandemd servers on 127.0.0.1: a queue per
+// device, buffers used by both, kept coherent by server-to-server copies (or, with
+// TANDEM_VDMA=0, relayed through the client: ctest runs this binary both ways).
+#include <CL/cl.h>
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "harness.h"
+
+namespace {
+using namespace tandem_test;
+
+Server* g_servers = nullptr;  // two
+
+constexpr const char* kSource = R"CLC(
+__kernel void inc(__global int* data) { data[get_global_id(0)] += 1; }
+__kernel void scale(__global const int* in, __global int* out, int k) {
+  size_t i = get_global_id(0);
+  out[i] = in[i] * k;
+}
+)CLC";
+
+class MultiServer : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    g_servers = new Server[2];
+    for (int i = 0; i < 2 && start_error_.empty(); ++i) start_error_ = g_servers[i].Start();
+    std::atexit([] {
+      g_servers[0].Stop();
+      g_servers[1].Stop();
+    });
+    if (start_error_.empty()) PointLoaderAtTandem(g_servers[0].address() + "," + g_servers[1].address());
+  }
+
+  void SetUp() override {
+    ASSERT_TRUE(start_error_.empty()) << start_error_;
+    cl_platform_id platform = TandemPlatform();
+    ASSERT_NE(platform, nullptr);
+    cl_uint n = 0;
+    ASSERT_EQ(clGetDeviceIDs(platform, CL_DEVICE_TYPE_ALL, 2, devices_, &n), CL_SUCCESS);
+    ASSERT_EQ(n, 2u) << "one device per server";
+    cl_int err = CL_SUCCESS;
+    context_ = clCreateContext(nullptr, 2, devices_, nullptr, nullptr, &err);
+    ASSERT_EQ(err, CL_SUCCESS);
+    for (int i = 0; i < 2; ++i) {
+      queues_[i] = clCreateCommandQueue(context_, devices_[i], 0, &err);
+      ASSERT_EQ(err, CL_SUCCESS) << "a queue on the device of server " << i;
+    }
+    const char* source = kSource;
+    program_ = clCreateProgramWithSource(context_, 1, &source, nullptr, &err);
+    ASSERT_EQ(err, CL_SUCCESS);
+    ASSERT_EQ(clBuildProgram(program_, 2, devices_, "", nullptr, nullptr), CL_SUCCESS);
+  }
+  void TearDown() override {
+    if (program_) clReleaseProgram(program_);
+    for (cl_command_queue q : queues_)
+      if (q) clReleaseCommandQueue(q);
+    if (context_) clReleaseContext(context_);
+  }
+
+  cl_mem Buffer(size_t bytes, void* host = nullptr, cl_mem_flags flags = CL_MEM_READ_WRITE) {
+    cl_int err = CL_SUCCESS;
+    cl_mem m = clCreateBuffer(context_, flags | (host ? CL_MEM_COPY_HOST_PTR : 0), bytes, host, &err);
+    EXPECT_EQ(err, CL_SUCCESS);
+    return m;
+  }
+  cl_kernel Kernel(const char* name) {
+    cl_int err = CL_SUCCESS;
+    cl_kernel k = clCreateKernel(program_, name, &err);
+    EXPECT_EQ(err, CL_SUCCESS);
+    return k;
+  }
+  std::vector<int> ReadAll(int queue, cl_mem m, size_t count) {
+    std::vector<int> out(count, -1);
+    EXPECT_EQ(clEnqueueReadBuffer(queues_[queue], m, CL_TRUE, 0, count * sizeof(int), out.data(), 0, nullptr, nullptr),
+              CL_SUCCESS);
+    return out;
+  }
+
+  static inline std::string start_error_;
+  cl_device_id devices_[2] = {};
+  cl_context context_ = nullptr;
+  cl_command_queue queues_[2] = {};
+  cl_program program_ = nullptr;
+};
+
+TEST_F(MultiServer, DevicesOfBothServersInOneContext) {
+  char a[256] = {}, b[256] = {};
+  ASSERT_EQ(clGetDeviceInfo(devices_[0], CL_DEVICE_NAME, sizeof a, a, nullptr), CL_SUCCESS);
+  ASSERT_EQ(clGetDeviceInfo(devices_[1], CL_DEVICE_NAME, sizeof b, b, nullptr), CL_SUCCESS);
+  EXPECT_NE(devices_[0], devices_[1]);
+  EXPECT_STREQ(a, b);  // the same PoCL device behind both servers
+}
+
+// A buffer alternately incremented by kernels on the two servers: each kernel must see the
+// other server's last result, and a read on either queue the latest bytes.
+TEST_F(MultiServer, KernelsOnBothServersShareABuffer) {
+  constexpr size_t kCount = 4096;
+  std::vector<int> init(kCount);
+  std::iota(init.begin(), init.end(), 0);
+  cl_mem m = Buffer(kCount * sizeof(int), init.data());
+  cl_kernel inc = Kernel("inc");
+  ASSERT_EQ(clSetKernelArg(inc, 0, sizeof m, &m), CL_SUCCESS);
+  constexpr int kRounds = 6;
+  for (int r = 0; r < kRounds; ++r) {
+    const int q = r % 2;
+    ASSERT_EQ(clEnqueueNDRangeKernel(queues_[q], inc, 1, nullptr, &kCount, nullptr, 0, nullptr, nullptr), CL_SUCCESS);
+    ASSERT_EQ(clFinish(queues_[q]), CL_SUCCESS);
+  }
+  for (int q = 0; q < 2; ++q) {
+    std::vector<int> got = ReadAll(q, m, kCount);
+    for (size_t i = 0; i < kCount; ++i) ASSERT_EQ(got[i], static_cast<int>(i) + kRounds) << "queue " << q << " at " << i;
+  }
+  clReleaseKernel(inc);
+  clReleaseMemObject(m);
+}
+
+// clEnqueueCopyBuffer between buffers current on different servers: only the range moves,
+// the rest of the destination keeps its bytes.
+TEST_F(MultiServer, CopyBufferRangeBetweenServers) {
+  constexpr size_t kCount = 1 << 18;  // 1 MiB of ints: large enough for bulk paths
+  std::vector<int> a(kCount), b(kCount);
+  for (size_t i = 0; i < kCount; ++i) a[i] = static_cast<int>(i * 3 + 1), b[i] = -static_cast<int>(i);
+  cl_mem src = Buffer(kCount * sizeof(int));
+  cl_mem dst = Buffer(kCount * sizeof(int));
+  ASSERT_EQ(clEnqueueWriteBuffer(queues_[0], src, CL_TRUE, 0, kCount * sizeof(int), a.data(), 0, nullptr, nullptr),
+            CL_SUCCESS);
+  ASSERT_EQ(clEnqueueWriteBuffer(queues_[1], dst, CL_TRUE, 0, kCount * sizeof(int), b.data(), 0, nullptr, nullptr),
+            CL_SUCCESS);
+  const size_t from = 1000, to = 5000, count = 100000;
+  cl_event done = nullptr;
+  ASSERT_EQ(clEnqueueCopyBuffer(queues_[1], src, dst, from * sizeof(int), to * sizeof(int), count * sizeof(int), 0,
+                                nullptr, &done),
+            CL_SUCCESS);
+  ASSERT_EQ(clWaitForEvents(1, &done), CL_SUCCESS);
+  cl_int status = 0;
+  ASSERT_EQ(clGetEventInfo(done, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, nullptr), CL_SUCCESS);
+  EXPECT_EQ(status, CL_COMPLETE);
+  clReleaseEvent(done);
+  std::vector<int> want = b;
+  std::copy(a.begin() + from, a.begin() + from + count, want.begin() + to);
+  EXPECT_EQ(ReadAll(1, dst, kCount), want);
+  EXPECT_EQ(ReadAll(0, dst, kCount), want);  // and back on the first server
+  EXPECT_EQ(ReadAll(1, src, kCount), a);
+  clReleaseMemObject(src);
+  clReleaseMemObject(dst);
+}
+
+// Explicit migration, then a kernel on the second server reading a read-only input that
+// stays current on both.
+TEST_F(MultiServer, MigrateThenComputeOnTheOtherServer) {
+  constexpr size_t kCount = 50000;
+  std::vector<int> in(kCount);
+  std::iota(in.begin(), in.end(), 7);
+  cl_mem input = Buffer(kCount * sizeof(int), in.data(), CL_MEM_READ_ONLY);
+  cl_mem output = Buffer(kCount * sizeof(int));
+  ASSERT_EQ(clEnqueueMigrateMemObjects(queues_[1], 1, &input, 0, 0, nullptr, nullptr), CL_SUCCESS);
+  ASSERT_EQ(clEnqueueMigrateMemObjects(queues_[1], 1, &output, CL_MIGRATE_MEM_OBJECT_CONTENT_UNDEFINED, 0, nullptr,
+                                       nullptr),
+            CL_SUCCESS);
+  cl_kernel k = Kernel("scale");
+  for (int q = 1; q >= 0; --q) {
+    const int factor = 3 + q;
+    ASSERT_EQ(clSetKernelArg(k, 0, sizeof input, &input), CL_SUCCESS);
+    ASSERT_EQ(clSetKernelArg(k, 1, sizeof output, &output), CL_SUCCESS);
+    ASSERT_EQ(clSetKernelArg(k, 2, sizeof factor, &factor), CL_SUCCESS);
+    ASSERT_EQ(clEnqueueNDRangeKernel(queues_[q], k, 1, nullptr, &kCount, nullptr, 0, nullptr, nullptr), CL_SUCCESS);
+    std::vector<int> got = ReadAll(1 - q, output, kCount);  // read on the other server
+    for (size_t i = 0; i < kCount; ++i) ASSERT_EQ(got[i], in[i] * factor) << "factor " << factor << " at " << i;
+  }
+  clReleaseKernel(k);
+  clReleaseMemObject(input);
+  clReleaseMemObject(output);
+}
+
+// A partial write on the second server to a buffer current on the first keeps the rest.
+TEST_F(MultiServer, PartialWriteKeepsTheOtherServersBytes) {
+  constexpr size_t kCount = 30000;
+  std::vector<int> init(kCount, 5);
+  cl_mem m = Buffer(kCount * sizeof(int), init.data());
+  std::vector<int> patch(100, 9);
+  ASSERT_EQ(clEnqueueWriteBuffer(queues_[1], m, CL_TRUE, 200 * sizeof(int), patch.size() * sizeof(int), patch.data(), 0,
+                                 nullptr, nullptr),
+            CL_SUCCESS);
+  std::vector<int> want = init;
+  std::fill(want.begin() + 200, want.begin() + 300, 9);
+  EXPECT_EQ(ReadAll(0, m, kCount), want);
+  const int pattern = 2;
+  ASSERT_EQ(clEnqueueFillBuffer(queues_[1], m, &pattern, sizeof pattern, 0, 16 * sizeof(int), 0, nullptr, nullptr),
+            CL_SUCCESS);
+  std::fill(want.begin(), want.begin() + 16, 2);
+  EXPECT_EQ(ReadAll(0, m, kCount), want);
+  clReleaseMemObject(m);
+}
+
+}  // namespace
