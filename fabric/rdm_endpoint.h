@@ -118,6 +118,7 @@ class RdmEndpoint final : public Endpoint {
   Status Send(PeerId peer, std::vector<uint8_t> data) override;
   Result<Event> Next(Millis timeout) override;
   void Interrupt() override;
+  void SetSpin(int us) override { spin_us_.store(us < 0 ? 0 : us); }
 
   Result<std::unique_ptr<MemoryRegion>> Register(void* addr, size_t len, uint32_t access) override;
   Result<OpId> PostRead(PeerId peer, MemoryRegion& local, size_t local_offset, const RemoteRegion& remote,
@@ -178,7 +179,7 @@ class RdmEndpoint final : public Endpoint {
   size_t max_message_ = 0;  // payload bytes per fabric message
   size_t inject_size_ = 0;
   size_t rma_chunk_ = 0;
-  int spin_us_ = 0;
+  std::atomic<int> spin_us_{0};
   uint64_t mr_mode_ = 0;  // what the provider returned, honoured everywhere
   std::atomic<uint64_t> next_key_{1};  // requested keys when the provider does not choose them
   std::vector<uint8_t> my_address_;  // raw fi_getname()

@@ -23,12 +23,12 @@ void RdmEndpoint::Kick() {
 
 void RdmEndpoint::ProgressLoop() {
   fi_cq_data_entry entries[kBatch];
-  auto spin = std::chrono::microseconds(spin_us_);
   auto last_activity = Clock::now();
   while (!stop_) {
     ssize_t n = fi_cq_read(h_->cq, entries, kBatch);
     if (n == -FI_EAGAIN) {
       if (deferred_) RetryDeferred();
+      const auto spin = std::chrono::microseconds(spin_us_.load(std::memory_order_relaxed));
       bool spinning = waiters_ > 0 || Clock::now() - last_activity < spin;
       if (spinning) {
         // Spin politely: on a few cores the thread that will answer may need this one.

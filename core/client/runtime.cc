@@ -181,7 +181,15 @@ void RuntimeImpl::Init() {
     status_ = Status::Invalid("TANDEM_SERVERS is not set: no Tandem servers to use");
     return;
   }
-  auto ep = fabric::Endpoint::Open(fabric::Options{});
+  fabric::Options options;
+  // With keepalive, the client's fabric threads look for the next message across the whole
+  // gap between two warm-ups, so an idle link answers like a busy one (at the cost of CPU
+  // while the program runs; keepalive stops after TANDEM_KEEPALIVE_HOLD_MS of inactivity).
+  if (KeepaliveInterval() != Clock::duration::zero())
+    options.spin_us = std::max<int>(
+        options.spin_us,
+        static_cast<int>(std::chrono::duration_cast<std::chrono::microseconds>(KeepaliveInterval()).count() + 1000));
+  auto ep = fabric::Endpoint::Open(options);
   if (!ep.ok()) {
     status_ = ep.status();
     log::Error("cannot open the fabric endpoint ({}): {}", fabric::ProviderFromEnv(), status_.message());

@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <cstdio>
 
 #include "stats.h"
@@ -16,6 +18,29 @@ constexpr auto kFlushDelay = std::chrono::microseconds(300);
 constexpr size_t kFlushBytes = 256 * 1024;
 // An idle link is pinged this often; the ping doubles as the liveness check.
 constexpr auto kPingInterval = std::chrono::milliseconds(1000);
+
+long EnvMillis(const char* name, long fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  long ms = std::strtol(v, &end, 10);
+  return (end && *end == 0 && ms >= 0) ? ms : fallback;
+}
+
+}  // namespace
+
+Clock::duration KeepaliveInterval() {
+  static const Clock::duration t = std::chrono::milliseconds(EnvMillis("TANDEM_KEEPALIVE_MS", 2));
+  return t;
+}
+
+namespace {
+// Keepalive stops this long after the program's last command: a program idle for a second
+// is not waiting on latency, and the link may sleep (and the spinning threads with it).
+Clock::duration KeepaliveHold() {
+  static const Clock::duration t = std::chrono::milliseconds(EnvMillis("TANDEM_KEEPALIVE_HOLD_MS", 1000));
+  return t;
+}
 
 Clock::duration FailoverTimeout() {
   static const Clock::duration t = [] {
@@ -59,6 +84,8 @@ uint64_t SessionImpl::PostRaw(uint16_t opcode, std::vector<uint8_t> payload, Raw
   }
   bool was_empty = batch_.empty();
   if (was_empty) batch_started_ = Clock::now();
+  if (opcode != static_cast<uint16_t>(ir::Opcode::kPing) && opcode != static_cast<uint16_t>(ir::Opcode::kWarm))
+    NoteUse(opcode, payload);
   batch_.AddRaw(opcode, fn ? ir::kRecordWantReply : 0, seq, payload);
   Stats::Get().calls[opcode].fetch_add(1, std::memory_order_relaxed);
   if (fn) pending_.emplace(seq, std::move(fn));
@@ -224,6 +251,58 @@ void SessionImpl::OnLost(const Status& why) {
   for (auto& [seq, fn] : failed) fn(why, {});
 }
 
+void SessionImpl::NoteUse(uint16_t opcode, std::span<const uint8_t> payload) {
+  last_program_ = Clock::now();
+  auto device_at = [&](size_t offset) {
+    if (payload.size() < offset + 8) return;
+    uint64_t device = 0;
+    std::memcpy(&device, payload.data() + offset, 8);  // fields are little-endian, as is every host we build for
+    if (std::find(warm_devices_.begin(), warm_devices_.end(), device) == warm_devices_.end() && warm_devices_.size() < 64)
+      warm_devices_.push_back(device);
+  };
+  switch (static_cast<ir::Opcode>(opcode)) {
+    case ir::Opcode::kAddressReserve: device_at(0); break;
+    case ir::Opcode::kBufferAlloc:
+    case ir::Opcode::kStreamCreate: device_at(8); break;
+    case ir::Opcode::kBufferWrite:
+    case ir::Opcode::kBufferRead: warm_paths_ |= ir::kWarmCopy; break;
+    case ir::Opcode::kLaunch: warm_paths_ |= ir::kWarmKernel; break;
+    default: break;
+  }
+}
+
+// After TANDEM_KEEPALIVE_MS of silence on a link the program still uses, one Warm per device
+// it allocated on: a small copy each way if it copied, an empty kernel if it launched. The
+// reply is the liveness signal too.
+Clock::duration SessionImpl::Keepalive(std::unique_lock<std::mutex>& lock, Clock::time_point now) {
+  const Clock::duration every = KeepaliveInterval();
+  if (every == Clock::duration::zero() || !warm_paths_ || warm_devices_.empty()) return kPingInterval;
+  if (now - last_program_ > KeepaliveHold()) return kPingInterval;
+  if (ping_outstanding_ || !pending_.empty() || !batch_.empty()) return every;
+  const Clock::time_point quiet_since = std::max(last_send_, last_recv_);
+  if (now - quiet_since < every) return every - (now - quiet_since);
+  ping_outstanding_ = true;
+  warm_left_ = static_cast<int>(warm_devices_.size());
+  const uint32_t paths = warm_paths_;
+  const std::vector<uint64_t> devices = warm_devices_;
+  lock.unlock();
+  const auto spin_us = static_cast<uint32_t>(std::chrono::duration_cast<std::chrono::microseconds>(every).count() + 1000);
+  for (uint64_t device : devices) {
+    ir::WarmReq warm{.device = device, .what = paths, .spin_us = spin_us, .data = ir::bytes(8, 0x5a)};
+    std::vector<uint8_t> payload;
+    ir::Writer w(&payload);
+    ir::Put(w, warm);
+    PostRaw(static_cast<uint16_t>(ir::Opcode::kWarm), std::move(payload), [this](const Status& st, auto) {
+      if (!st.ok()) log::Debug("{}: keepalive: {}", server_, st.message());
+      Stats::Get().keepalives.fetch_add(1, std::memory_order_relaxed);
+      std::lock_guard<std::mutex> l(mu_);
+      if (--warm_left_ <= 0) ping_outstanding_ = false;
+    });
+  }
+  Flush();
+  return every;
+}
+
 Clock::duration SessionImpl::Tick(Clock::time_point now) {
   std::unique_lock<std::mutex> lock(mu_);
   if (!health_.ok()) return kPingInterval;
@@ -240,7 +319,13 @@ Clock::duration SessionImpl::Tick(Clock::time_point now) {
     auto due = batch_started_ + kFlushDelay;
     if (now < due) return due - now;
     FlushLocked(lock);
-    return kPingInterval;
+    return KeepaliveInterval() != Clock::duration::zero() ? std::min<Clock::duration>(KeepaliveInterval(), kPingInterval)
+                                                          : Clock::duration(kPingInterval);
+  }
+  Clock::duration next = kPingInterval;
+  if (KeepaliveInterval() != Clock::duration::zero()) {
+    next = std::min<Clock::duration>(next, Keepalive(lock, now));  // unlocks when it sends
+    if (!lock.owns_lock()) return next;
   }
   // Probe a link that has been quiet for a while: when idle, or when replies are awaited.
   const bool awaited = !pending_.empty();
@@ -257,7 +342,7 @@ Clock::duration SessionImpl::Tick(Clock::time_point now) {
     });
     Flush();
   }
-  return kPingInterval;
+  return next;
 }
 
 }  // namespace tandem::client

@@ -5,6 +5,8 @@
 #include <chrono>
 #include <condition_variable>
 #include <map>
+#include <span>
+#include <vector>
 #include <mutex>
 
 #include "tandem/client/runtime.h"
@@ -12,6 +14,10 @@
 namespace tandem::client {
 
 using Clock = std::chrono::steady_clock;
+
+// TANDEM_KEEPALIVE_MS (default 2 ms; 0: off): how long a used link may stay silent before
+// the client warms it.
+Clock::duration KeepaliveInterval();
 
 class SessionImpl final : public Session {
  public:
@@ -62,7 +68,19 @@ class SessionImpl final : public Session {
   Status health_;
   Clock::time_point last_recv_ = Clock::now();
   Clock::time_point last_send_ = Clock::now();
-  bool ping_outstanding_ = false;
+  bool ping_outstanding_ = false;  // a Ping or the Warm of a keepalive round is out
+  // Keepalive: which paths the program has used (ir::kWarm*), on which devices, and when it
+  // last posted anything itself.
+  uint32_t warm_paths_ = 0;
+  std::vector<uint64_t> warm_devices_;
+  Clock::time_point last_program_{};
+  int warm_left_ = 0;  // replies of the current keepalive round still to come
+
+  // Called with mu_ held: what a program command says about the paths to keep warm.
+  void NoteUse(uint16_t opcode, std::span<const uint8_t> payload);
+  // Starts a keepalive round if one is due; returns how soon to look again. Releases `lock`
+  // when it sends.
+  Clock::duration Keepalive(std::unique_lock<std::mutex>& lock, Clock::time_point now);
 };
 
 }  // namespace tandem::client

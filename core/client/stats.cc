@@ -61,7 +61,8 @@ void Stats::Print(size_t servers) const {
                      messages_received.load(), Bytes(rma_from_server));
   out += fmt::format("server-to-server: {} direct, {} relayed through this process\n", Bytes(server_to_server),
                      Bytes(relayed));
-  out += fmt::format("round trips: {}, waiting on the network: {:.3f} s\n", round_trips.load(), wait_ns.load() / 1e9);
+  out += fmt::format("round trips: {}, waiting on the network: {:.3f} s; keepalive warm-ups: {}\n", round_trips.load(),
+                     wait_ns.load() / 1e9, keepalives.load());
   ssize_t n = ::write(STDERR_FILENO, out.data(), out.size());
   (void)n;
 }

@@ -14,6 +14,7 @@ struct Stats {
   std::atomic<uint64_t> messages_received{0}, bytes_received{0};
   std::atomic<uint64_t> rma_to_server{0}, rma_from_server{0};  // bulk bytes the server moved
   std::atomic<uint64_t> server_to_server{0}, relayed{0};  // copies between servers: direct, relayed here
+  std::atomic<uint64_t> keepalives{0};  // Warm round trips
   std::atomic<uint64_t> round_trips{0};
   std::atomic<uint64_t> wait_ns{0};  // time application threads spent waiting on servers
 

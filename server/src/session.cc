@@ -282,6 +282,15 @@ Status Session::WithBulk(BulkIO* io, const std::function<Status()>& run) {
   return st;
 }
 
+// Keepalive: checked here, run by the backend off the program's streams.
+Status Session::Call(const ir::WarmReq& req, ir::WarmRep* rep) {
+  if (req.data.size() > ir::kWarmMaxBytes || (req.what & ~(ir::kWarmCopy | ir::kWarmKernel)))
+    return Status::Invalid(fmt::format("Warm: {} bytes (at most {}), paths {:#x}", req.data.size(), ir::kWarmMaxBytes,
+                                       req.what));
+  if (spin_hook_) spin_hook_(std::min<uint32_t>(req.spin_us, 20000));
+  return backend_->OnWarm(req, rep);
+}
+
 // The source half of a server-to-server copy: a read of the buffer whose chunks go to the
 // worker that pulls the transfer.
 Status Session::Call(const ir::PeerSendReq& req, ir::PeerSendRep*) {

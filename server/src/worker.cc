@@ -7,6 +7,7 @@
 // other batch; the executor runs batches in order and sends one reply batch per batch.
 #include <unistd.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -186,6 +187,12 @@ int RunWorker(const WorkerOptions& opt) {
   Session session(backend.value().get(), opt.session_key, /*defer_replies=*/true);
   FabricPeerLink peers(ep.get(), opt.session_timeout);
   session.set_peers(&peers);
+  // A client with keepalive on asks the worker to keep looking for messages between its
+  // warm-ups, so an idle link answers as fast as a busy one.
+  session.set_spin_hook([ep = ep.get(), current = -1](uint32_t spin_us) mutable {
+    const int want = std::max<int>(fabric::Options{}.spin_us, static_cast<int>(spin_us));
+    if (want != current) ep->SetSpin(current = want);
+  });
   Executor executor(&session, ep.get());
   std::unique_ptr<FabricBulk> bulk;
   std::optional<fabric::PeerId> client;

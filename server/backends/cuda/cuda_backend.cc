@@ -145,6 +145,14 @@ void CudaBackend::ReleaseDevice(uint32_t device, bool keep_reservations) {
   }
   d.staging = nullptr;
   d.flags = {};
+  if (d.warm_stream) Forget("cuStreamDestroy", device, drv_->cuStreamDestroy(d.warm_stream));
+  if (d.warm_module) Forget("cuModuleUnload", device, drv_->cuModuleUnload(d.warm_module));
+  if (d.warm_host) Forget("cuMemFreeHost", device, drv_->cuMemFreeHost(d.warm_host));
+  d.warm_stream = nullptr;
+  d.warm_module = nullptr;
+  d.warm_kernel = nullptr;
+  d.warm_scratch = 0;
+  d.warm_host = nullptr;
   for (auto it = reservations_.begin(); !keep_reservations && it != reservations_.end();) {
     if (it->second.device != device) {
       ++it;

@@ -38,6 +38,7 @@ class CudaBackend final : public Backend {
   Status OnDeviceInfo(const ir::DeviceInfoReq&, ir::DeviceInfoRep*) override;
   Status OnDeviceSync(const ir::DeviceSyncReq&, ir::DeviceSyncRep*) override;
   Status OnMemInfo(const ir::MemInfoReq&, ir::MemInfoRep*) override;
+  Status OnWarm(const ir::WarmReq&, ir::WarmRep*) override;
   Status OnDeviceReset(const ir::DeviceResetReq&, ir::DeviceResetRep*) override;
   // Memory (cuda_memory.cc, cuda_transfer.cc)
   Status OnAddressReserve(const ir::AddressReserveReq&, ir::AddressReserveRep*) override;
@@ -86,6 +87,13 @@ class CudaBackend final : public Backend {
     uint8_t* staging = nullptr;
     std::array<CUevent, kSlots> slot_done{};  // the last copy that used each staging slot
     UserFlagPages flags;
+    // Keepalive (OnWarm): its own stream, an empty kernel and a small device scratch
+    // (a module global), created on first use.
+    CUstream warm_stream = nullptr;
+    CUmodule warm_module = nullptr;
+    CUfunction warm_kernel = nullptr;
+    CUdeviceptr warm_scratch = 0;
+    uint8_t* warm_host = nullptr;  // pinned
   };
   struct Reservation {
     uint32_t device;

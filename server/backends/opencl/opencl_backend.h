@@ -69,6 +69,11 @@ struct Device {
   std::string platform_name;
   ContextRef context;
   QueueRef default_queue;  // stream 0: created on first use, with profiling
+  // Keepalive (OnWarm): its own queue, a small scratch buffer and an empty kernel.
+  QueueRef warm_queue;
+  MemRef warm_scratch;
+  ProgramRef warm_program;
+  KernelRef warm_kernel;
 };
 struct Buffer {
   MemRef mem;
@@ -119,6 +124,7 @@ class OpenCLBackend : public Backend {
 
   Status OnDeviceInfo(const ir::DeviceInfoReq&, ir::DeviceInfoRep*) override;
   Status OnDeviceSync(const ir::DeviceSyncReq&, ir::DeviceSyncRep*) override;
+  Status OnWarm(const ir::WarmReq&, ir::WarmRep*) override;
 
   Status OnBufferAlloc(const ir::BufferAllocReq&, ir::BufferAllocRep*) override;
   Status OnBufferFree(const ir::BufferFreeReq&, ir::BufferFreeRep*) override;

@@ -24,6 +24,10 @@ inline constexpr uint32_t kMaxString = 1u << 20;        // 1 MiB (build logs, so
 inline constexpr uint32_t kMaxBytes = 256u << 20;       // inline data / module images
 inline constexpr uint32_t kMaxListItems = 1u << 16;
 inline constexpr size_t kInlineDataLimit = 64 * 1024;   // above this, bulk data goes by RMA
+// Warm (keepalive): which paths to exercise.
+inline constexpr uint32_t kWarmCopy = 1;    // a small copy to the device and back
+inline constexpr uint32_t kWarmKernel = 2;  // an empty kernel
+inline constexpr size_t kWarmMaxBytes = 64;
 
 // ---- field types ---------------------------------------------------------------------
 using u8 = uint8_t;

@@ -97,6 +97,9 @@ class Endpoint {
   virtual Result<Event> Next(Millis timeout) = 0;
   // Wakes a thread blocked in Next() (it returns kTimeout).
   virtual void Interrupt() = 0;
+  // Changes how long the progress thread and Next() look for work before sleeping
+  // (Options::spin_us). Longer spinning trades CPU for wake-up latency (keepalive).
+  virtual void SetSpin(int us) = 0;
 
   // Registers local memory for RMA. Registration is done once per region; callers cache it.
   virtual Result<std::unique_ptr<MemoryRegion>> Register(void* addr, size_t len, uint32_t access) = 0;

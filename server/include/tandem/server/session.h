@@ -67,6 +67,9 @@ class Session {
 
   bool attached() const { return attached_.load(); }
   void set_peers(PeerLink* peers) { peers_ = peers; }
+  // Told how long the client wants the worker's threads to keep looking for messages before
+  // they sleep (Warm's spin_us; capped).
+  void set_spin_hook(std::function<void(uint32_t spin_us)> hook) { spin_hook_ = std::move(hook); }
 
   // The dispatch table entry point for one command type (public so the table can name it).
   template <class Req>
@@ -90,6 +93,7 @@ class Session {
   Status Call(const Req& req, typename Req::Reply* rep);
   Status Call(const ir::PeerSendReq& req, ir::PeerSendRep* rep);
   Status Call(const ir::PeerRecvReq& req, ir::PeerRecvRep* rep);
+  Status Call(const ir::WarmReq& req, ir::WarmRep* rep);
   Status WithBulk(BulkIO* io, const std::function<Status()>& run);
   Status Execute(const ir::AttachReq& req, ir::AttachRep* rep);
   Status Execute(const ir::PingReq& req, ir::PingRep* rep);
@@ -112,6 +116,7 @@ class Session {
 
   Backend* backend_;
   PeerLink* peers_ = nullptr;
+  std::function<void(uint32_t)> spin_hook_;
   uint64_t session_key_;
   std::atomic<bool> attached_{false};
   bool goodbye_ = false;

@@ -1,0 +1,57 @@
+// Keepalive (ir Warm): a small write and read back and/or an empty kernel on a queue of its
+// own, so it never orders against the program's queues.
+#include <fmt/format.h>
+
+#include "opencl_backend.h"
+
+namespace tandem::server::opencl {
+
+Status OpenCLBackend::OnWarm(const ir::WarmReq& req, ir::WarmRep* rep) {
+  auto dev = DeviceAt(req.device);
+  if (!dev.ok()) return dev.status();
+  Device& d = *dev.value();
+  cl_int err = CL_SUCCESS;
+  if (!d.warm_queue) {
+    cl_command_queue q = clCreateCommandQueueWithProperties(d.context.get(), d.id, nullptr, &err);
+    if (err != CL_SUCCESS) return ClError(err, "clCreateCommandQueueWithProperties", "keepalive queue");
+    d.warm_queue.reset(q);
+  }
+  if ((req.what & ir::kWarmCopy) && !d.warm_scratch) {
+    cl_mem m = clCreateBuffer(d.context.get(), CL_MEM_READ_WRITE, ir::kWarmMaxBytes, nullptr, &err);
+    if (err != CL_SUCCESS) return ClError(err, "clCreateBuffer", "keepalive scratch");
+    d.warm_scratch.reset(m);
+  }
+  if ((req.what & ir::kWarmKernel) && !d.warm_kernel) {
+    const char* source = "__kernel void tandem_warm_empty(void) {}";
+    cl_program p = clCreateProgramWithSource(d.context.get(), 1, &source, nullptr, &err);
+    if (err != CL_SUCCESS) return ClError(err, "clCreateProgramWithSource", "keepalive kernel");
+    d.warm_program.reset(p);
+    err = clBuildProgram(p, 1, &d.id, "", nullptr, nullptr);
+    if (err != CL_SUCCESS) return ClError(err, "clBuildProgram", "keepalive kernel");
+    cl_kernel k = clCreateKernel(p, "tandem_warm_empty", &err);
+    if (err != CL_SUCCESS) return ClError(err, "clCreateKernel", "keepalive kernel");
+    d.warm_kernel.reset(k);
+  }
+  cl_command_queue q = d.warm_queue.get();
+  const size_t n = req.data.size();
+  rep->data.clear();
+  if ((req.what & ir::kWarmCopy) && n > 0) {
+    err = clEnqueueWriteBuffer(q, d.warm_scratch.get(), CL_FALSE, 0, n, req.data.data(), 0, nullptr, nullptr);
+    if (err != CL_SUCCESS) return ClError(err, "clEnqueueWriteBuffer", "keepalive");
+  }
+  if (req.what & ir::kWarmKernel) {
+    const size_t one = 1;
+    err = clEnqueueNDRangeKernel(q, d.warm_kernel.get(), 1, nullptr, &one, &one, 0, nullptr, nullptr);
+    if (err != CL_SUCCESS) return ClError(err, "clEnqueueNDRangeKernel", "keepalive");
+  }
+  if ((req.what & ir::kWarmCopy) && n > 0) {
+    rep->data.resize(n);
+    err = clEnqueueReadBuffer(q, d.warm_scratch.get(), CL_TRUE, 0, n, rep->data.data(), 0, nullptr, nullptr);
+    if (err != CL_SUCCESS) return ClError(err, "clEnqueueReadBuffer", "keepalive");
+  }
+  err = clFinish(q);
+  if (err != CL_SUCCESS) return ClError(err, "clFinish", "keepalive");
+  return Status::Ok();
+}
+
+}  // namespace tandem::server::opencl
