@@ -14,8 +14,8 @@
 #
 # Environment:
 #   WORKLOADS_SERVERS  number of tandemd servers (1..4, default 1); the program gets them all
-#                      in TANDEM_SERVERS (comma-separated). Multi-server OpenCL contexts are
-#                      new: with more than one, queue creation may still fail.
+#                      in TANDEM_SERVERS (comma-separated), so its one OpenCL context spans
+#                      the servers' devices (multi-server contexts are new in Tandem).
 #   WORKLOADS_TIMEOUT  seconds allowed to each run of the program (default 240).
 #   TANDEMD, TANDEM    override BUILD_DIR/server/tandemd and BUILD_DIR/tools/tandem.
 set -u -o pipefail
