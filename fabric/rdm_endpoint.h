@@ -177,6 +177,7 @@ class RdmEndpoint final : public Endpoint {
   bool listening_ = false;
   bool can_block_ = false;  // the CQ has a wait object (fi_cq_sread / fi_cq_signal work)
   size_t max_message_ = 0;  // payload bytes per fabric message
+  Millis send_timeout_{10000};
   size_t inject_size_ = 0;
   size_t rma_chunk_ = 0;
   std::atomic<int> spin_us_{0};

@@ -11,7 +11,6 @@ namespace tandem::fabric {
 namespace {
 
 // A send that cannot make progress this long fails instead of hanging on a dead peer.
-constexpr auto kSendDeadline = std::chrono::seconds(10);
 // Send buffers (each max_message) an endpoint may have in flight before Send() waits.
 constexpr size_t kMaxSendBuffers = 32;
 // Largest frame we inject from the stack.
@@ -147,7 +146,7 @@ Status RdmEndpoint::Send(PeerId peer, std::vector<uint8_t> data) {
   size_t count = data.empty() ? 1 : (data.size() + max_message_ - 1) / max_message_;
   h.frag_count = static_cast<uint32_t>(count);
   h.total_len = data.size();
-  auto deadline = Clock::now() + kSendDeadline;
+  auto deadline = Clock::now() + send_timeout_;
   for (size_t i = 0; i < count; ++i) {
     h.frag_index = static_cast<uint32_t>(i);
     h.offset = i * max_message_;

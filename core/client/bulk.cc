@@ -1,6 +1,7 @@
 // Host <-> device data movement shared by both front ends. Small transfers travel inline
 // in the command or its reply; large ones are moved by the server with RMA directly
 // from/to the program's memory, so nothing is copied on the client.
+#include <atomic>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -9,6 +10,7 @@
 
 #include "tandem/client/completion.h"
 #include "tandem/client/runtime.h"
+#include "session.h"
 #include "stats.h"
 #include "tandem/log.h"
 
@@ -93,17 +95,21 @@ Status ReadBuffer(Session& s, ir::BufferReadReq req, void* dst, bool blocking,
   return completion->Wait();
 }
 
+namespace {
+std::atomic<bool> g_direct_copies_disabled{false};
+}  // namespace
+
 bool DirectCopiesEnabled() {
   static const bool on = [] {
     const char* v = std::getenv("TANDEM_VDMA");
     return !(v && std::strcmp(v, "0") == 0);
   }();
-  return on;
+  return on && !g_direct_copies_disabled.load();
 }
 
-namespace {
+void DisableDirectCopies() { g_direct_copies_disabled.store(true); }
+
 uint64_t NewTransferId() {
-  // A capability: whoever knows it may pull the bytes from the source worker.
   static std::mutex mu;
   static std::mt19937_64 rng = [] {
     std::random_device rd;
@@ -115,13 +121,12 @@ uint64_t NewTransferId() {
   do id = rng(); while (id == 0);
   return id;
 }
-}  // namespace
 
 Status CopyBetweenServers(const CopyEnd& src, const CopyEnd& dst, uint64_t size, uint64_t signal) {
-  if (!src.session || !dst.session || src.session == dst.session)
-    return Status(Code::kInternal, "CopyBetweenServers needs two different sessions");
+  if (!src.session || !dst.session) return Status(Code::kInternal, "CopyBetweenServers without a session");
   if (size == 0) return Status::Ok();
-  if (DirectCopiesEnabled()) {
+  // Two devices of one server (OpenCL keeps one context per device there) are relayed too.
+  if (DirectCopiesEnabled() && src.session != dst.session) {
     const uint64_t transfer = NewTransferId();
     // The destination first: its PeerRecv blocks only its own queue until the bytes come.
     dst.session->Post(ir::PeerRecvReq{.stream = dst.stream, .buffer = dst.buffer, .offset = dst.offset, .size = size,

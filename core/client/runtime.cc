@@ -15,6 +15,7 @@
 #include <sstream>
 #include <thread>
 
+#include "ft.h"
 #include "session.h"
 #include "stats.h"
 #include "tandem/log.h"
@@ -98,7 +99,7 @@ std::string ClientName() {
   return name + "[" + std::to_string(getpid()) + "]";
 }
 
-class RuntimeImpl final : public Runtime {
+class RuntimeImpl final : public Runtime, public SessionSource {
  public:
   RuntimeImpl() { Init(); }
 
@@ -117,7 +118,21 @@ class RuntimeImpl final : public Runtime {
   uint64_t NewHandle() override { return next_handle_.fetch_add(1, std::memory_order_relaxed); }
 
   void FlushAll() override {
-    for (auto& s : sessions_) s->Flush();
+    for (SessionImpl* s : Sessions()) s->Flush();
+  }
+
+  // ---- SessionSource (fault tolerance) ----
+  Result<SessionImpl*> Open(const std::string& address) override {
+    SessionImpl* s = nullptr;
+    TANDEM_RETURN_IF_ERROR(Connect(address, &s));
+    return s;
+  }
+  void Retire(SessionImpl* s) override {
+    if (!s->health().ok()) return;
+    s->set_lost_hook(nullptr);
+    s->Post(ir::GoodbyeReq{});
+    s->Flush();
+    s->Close(Status(Code::kServerLost, "retired by fault tolerance"));
   }
 
   void Shutdown() override {
@@ -132,7 +147,7 @@ class RuntimeImpl final : public Runtime {
     };
     auto done = std::make_shared<Done>();
     std::thread([this, done] {
-      for (auto& s : sessions_) {
+      for (SessionImpl* s : Sessions()) {
         if (!s->health().ok()) continue;
         s->Post(ir::GoodbyeReq{});
         s->Flush();
@@ -148,13 +163,20 @@ class RuntimeImpl final : public Runtime {
     }
     if (Stats::Enabled()) {
       std::fflush(stdout);  // the summary follows the program's own output
-      Stats::Get().Print(sessions_.size());
+      Stats::Get().Print(Sessions().size());
     }
   }
 
  private:
   void Init();
-  Status Connect(const std::string& server);
+  // Connects a new session to `server` (start-up, spares, rollbacks); `out` receives it.
+  Status Connect(const std::string& server, SessionImpl** out = nullptr);
+  std::vector<SessionImpl*> Sessions() {
+    std::lock_guard<std::mutex> l(sessions_mu_);
+    std::vector<SessionImpl*> out;
+    for (auto& s : sessions_) out.push_back(s.get());
+    return out;
+  }
   template <class Req>
   Result<typename Req::Reply> Exchange(fabric::PeerId peer, const Req& req, const std::string& server);
   void ReceiveLoop();
@@ -163,7 +185,19 @@ class RuntimeImpl final : public Runtime {
 
   Status status_;
   std::unique_ptr<fabric::Endpoint> ep_;
+  std::mutex sessions_mu_;  // sessions_ grows while the receiver and flusher run
   std::vector<std::unique_ptr<SessionImpl>> sessions_;
+  std::unique_ptr<FaultTolerance> ft_;
+  std::vector<std::unique_ptr<GroupSession>> unused_;
+  // Replies to a handshake (Hello, Attach) once the receiver runs, by peer.
+  struct Mailbox {
+    std::mutex m;
+    std::condition_variable cv;
+    std::deque<fabric::Event> events;
+  };
+  std::mutex mailboxes_mu_;
+  std::map<fabric::PeerId, std::shared_ptr<Mailbox>> mailboxes_;
+  std::atomic<bool> receiving_{false};
   std::vector<std::unique_ptr<Device>> devices_;  // in TANDEM_SERVERS order
   std::vector<Device*> opencl_, cuda_;            // what each API sees (CUDA_VISIBLE_DEVICES applied)
   std::atomic<uint64_t> next_handle_{1};
@@ -189,6 +223,8 @@ void RuntimeImpl::Init() {
     options.spin_us = std::max<int>(
         options.spin_us,
         static_cast<int>(std::chrono::duration_cast<std::chrono::microseconds>(KeepaliveInterval()).count() + 1000));
+  // A send that nothing takes is a lost server after the same deadline as a silent one.
+  options.send_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(FailoverTimeout());
   auto ep = fabric::Endpoint::Open(options);
   if (!ep.ok()) {
     status_ = ep.status();
@@ -197,6 +233,11 @@ void RuntimeImpl::Init() {
   }
   ep_ = std::move(ep).value();
 
+  const FtConfig ft_config = FtConfig::FromEnv();
+  if (ft_config.enabled()) {
+    ft_ = std::make_unique<FaultTolerance>(ft_config, this);
+    DisableDirectCopies();
+  }
   // One session per server, however many entries name it.
   std::vector<ServerSpec> specs;
   std::map<std::string, SessionImpl*> by_address;
@@ -217,18 +258,63 @@ void RuntimeImpl::Init() {
       failures += (failures.empty() ? "" : "; ") + spec.address + ": " + st.message();
     }
   }
-  if (sessions_.empty()) {
+  if (sessions_.empty() && !(ft_ && !ft_config.spares.empty())) {
     status_ = Status(Code::kLinkLost, "no Tandem server answered (" + failures + ")");
     return;
   }
   // Both live until the process ends: the receiver only reads replies, the flusher sends
   // late batches and pings, so a send stuck on a dead server never stops replies.
+  receiving_.store(true);
   std::thread([this] { ReceiveLoop(); }).detach();
   std::thread([this] { FlushLoop(); }).detach();
 
+  // Fault tolerance: consecutive entries form groups of TANDEM_REDUNDANCY replicas, and each
+  // group is one virtual server whose devices are its first replica's.
+  std::map<SessionImpl*, Session*> presented;  // what a device's `session` is
+  if (ft_) {
+    const size_t n = static_cast<size_t>(ft_config.redundancy);
+    std::vector<ServerSpec> kept;
+    for (size_t at = 0; at < specs.size(); at += n) {
+      std::vector<SessionImpl*> replicas;
+      std::vector<std::string> addresses;
+      for (size_t k = at; k < std::min(specs.size(), at + n); ++k) {
+        SessionImpl* s = by_address[specs[k].address];
+        // A server already gone at start-up is replaced by a spare right away.
+        while (!s) {
+          const std::string spare = ft_->TakeSpare();
+          if (spare.empty()) break;
+          SessionImpl* got = nullptr;
+          if (Connect(spare, &got).ok()) {
+            log::Warn("fault tolerance: {} replaces {}, unreachable at start-up", spare, specs[k].address);
+            specs[k].address = spare;
+            by_address[spare] = s = got;
+          }
+        }
+        if (!s) continue;
+        replicas.push_back(s);
+        addresses.push_back(specs[k].address);
+      }
+      if (replicas.size() < n) {
+        status_ = Status::Invalid("TANDEM_REDUNDANCY=" + std::to_string(n) + " needs " + std::to_string(n) +
+                                  " reachable servers per virtual device; entries " + std::to_string(at + 1) + ".." +
+                                  std::to_string(std::min(specs.size(), at + n)) + " have " +
+                                  std::to_string(replicas.size()));
+        log::Error("{}", status_.message());
+        return;
+      }
+      presented[replicas.front()] = ft_->AddGroup(replicas, addresses);
+      kept.push_back(specs[at]);
+    }
+    specs = std::move(kept);
+    if (specs.empty()) {
+      status_ = Status(Code::kLinkLost, "no Tandem server answered (" + failures + "), and no spare did");
+      return;
+    }
+  }
   // Learn every device of every session.
   std::map<SessionImpl*, std::vector<std::unique_ptr<Device>>> found;
   for (auto& s : sessions_) {
+    if (ft_ && !presented.count(s.get())) continue;  // a voting replica: its group speaks for it
     for (uint32_t i = 0; i < s->device_count_hint; ++i) {
       auto info = s->Call(ir::DeviceInfoReq{.index = i});
       if (!info.ok()) {
@@ -237,7 +323,7 @@ void RuntimeImpl::Init() {
         continue;
       }
       auto d = std::make_unique<Device>();
-      d->session = s.get();
+      d->session = ft_ ? presented[s.get()] : static_cast<Session*>(s.get());
       d->remote_index = i;
       d->info = std::move(info).value();
       found[s.get()].push_back(std::move(d));
@@ -274,6 +360,22 @@ void RuntimeImpl::Init() {
 
 template <class Req>
 Result<typename Req::Reply> RuntimeImpl::Exchange(fabric::PeerId peer, const Req& req, const std::string& server) {
+  std::shared_ptr<Mailbox> box;
+  if (receiving_.load()) {
+    box = std::make_shared<Mailbox>();
+    std::lock_guard<std::mutex> l(mailboxes_mu_);
+    mailboxes_[peer] = box;
+  }
+  struct Unregister {
+    RuntimeImpl* rt;
+    fabric::PeerId peer;
+    bool on;
+    ~Unregister() {
+      if (!on) return;
+      std::lock_guard<std::mutex> l(rt->mailboxes_mu_);
+      rt->mailboxes_.erase(peer);
+    }
+  } unregister{this, peer, box != nullptr};
   ir::BatchWriter bw(ir::BatchKind::kRequests);
   bw.AddRequest(req, 1);
   TANDEM_RETURN_IF_ERROR(ep_->Send(peer, bw.Finish()));
@@ -281,7 +383,16 @@ Result<typename Req::Reply> RuntimeImpl::Exchange(fabric::PeerId peer, const Req
   for (;;) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) return Status(Code::kTimeout, server + " did not answer " + std::string(Req::kName));
-    auto ev = ep_->Next(left);
+    Result<fabric::Event> ev = Status(Code::kTimeout, "");
+    if (box) {
+      std::unique_lock<std::mutex> l(box->m);
+      if (box->cv.wait_for(l, left, [&] { return !box->events.empty(); })) {
+        ev = std::move(box->events.front());
+        box->events.pop_front();
+      }
+    } else {
+      ev = ep_->Next(left);
+    }
     if (!ev.ok()) {
       if (ev.status().code() == Code::kTimeout) continue;
       return ev.status();
@@ -299,7 +410,7 @@ Result<typename Req::Reply> RuntimeImpl::Exchange(fabric::PeerId peer, const Req
   }
 }
 
-Status RuntimeImpl::Connect(const std::string& server) {
+Status RuntimeImpl::Connect(const std::string& server, SessionImpl** out) {
   std::string host, port;
   if (!fabric::SplitHostPort(server, &host, &port)) return Status::Invalid("not host:port: " + server);
 
@@ -329,6 +440,9 @@ Status RuntimeImpl::Connect(const std::string& server) {
   auto s = std::make_unique<SessionImpl>(ep_.get(), *worker, server, worker_addr, attach->backend,
                                          [this] { WakeFlusher(); });
   s->device_count_hint = attach->device_count;
+  if (ft_) s->set_lost_hook([ft = ft_.get()](SessionImpl* lost) { ft->OnSessionLost(lost); });
+  if (out) *out = s.get();
+  std::lock_guard<std::mutex> l(sessions_mu_);
   sessions_.push_back(std::move(s));
   return Status::Ok();
 }
@@ -347,7 +461,7 @@ void RuntimeImpl::FlushLoop() {
     l.unlock();
     auto now = Clock::now();
     Clock::duration wait = std::chrono::milliseconds(200);
-    for (auto& s : sessions_) wait = std::min(wait, s->Tick(now));
+    for (SessionImpl* s : Sessions()) wait = std::min(wait, s->Tick(now));
     l.lock();
     flush_cv_.wait_for(l, wait, [this] { return flush_kick_; });
     flush_kick_ = false;
@@ -361,9 +475,25 @@ void RuntimeImpl::ReceiveLoop() {
       if (ev.status().code() != Code::kTimeout) log::Debug("receiver: {}", ev.status().ToString());
       continue;
     }
+    {
+      std::shared_ptr<Mailbox> box;
+      {
+        std::lock_guard<std::mutex> l(mailboxes_mu_);
+        if (auto it = mailboxes_.find(ev->peer); it != mailboxes_.end()) box = it->second;
+      }
+      if (box) {
+        std::lock_guard<std::mutex> l(box->m);
+        box->events.push_back(std::move(ev).value());
+        box->cv.notify_all();
+        continue;
+      }
+    }
     SessionImpl* target = nullptr;
-    for (auto& s : sessions_)
-      if (s->peer() == ev->peer) target = s.get();
+    {
+      std::lock_guard<std::mutex> l(sessions_mu_);
+      for (auto& s : sessions_)
+        if (s->peer() == ev->peer) target = s.get();
+    }
     if (!target) {
       log::Debug("message from an unknown peer {} dropped", ev->peer);
       continue;

@@ -42,6 +42,8 @@ Clock::duration KeepaliveHold() {
   return t;
 }
 
+}  // namespace
+
 Clock::duration FailoverTimeout() {
   static const Clock::duration t = [] {
     const char* v = std::getenv("TANDEM_FAILOVER_TIMEOUT_MS");
@@ -50,7 +52,6 @@ Clock::duration FailoverTimeout() {
   }();
   return t;
 }
-}  // namespace
 
 SessionImpl::SessionImpl(fabric::Endpoint* ep, fabric::PeerId peer, std::string server, std::string worker_address,
                          std::string backend, std::function<void()> wake_flusher)
@@ -219,6 +220,7 @@ void SessionImpl::OnMessage(std::span<const uint8_t> msg) {
 }
 
 void SessionImpl::ForwardOutput(std::span<const uint8_t> payload) {
+  if (!forward_output_.load()) return;
   // What the session's kernels printed (CUDA printf) goes to the program's own stdout/stderr.
   ir::OutputReq out;
   Status st = ir::DecodeRequest(payload, &out);
@@ -249,6 +251,7 @@ void SessionImpl::OnLost(const Status& why) {
   }
   log::Error("lost server {}: {}", server_, why.message());
   for (auto& [seq, fn] : failed) fn(why, {});
+  if (lost_hook_) lost_hook_(this);
 }
 
 void SessionImpl::NoteUse(uint16_t opcode, std::span<const uint8_t> payload) {
@@ -301,6 +304,17 @@ Clock::duration SessionImpl::Keepalive(std::unique_lock<std::mutex>& lock, Clock
   }
   Flush();
   return every;
+}
+
+void SessionImpl::Close(const Status& why) {
+  std::map<uint64_t, RawReplyFn> failed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!health_.ok()) return;
+    health_ = why;
+    failed.swap(pending_);
+  }
+  for (auto& [seq, fn] : failed) fn(why, {});
 }
 
 Clock::duration SessionImpl::Tick(Clock::time_point now) {

@@ -15,9 +15,19 @@ namespace tandem::client {
 
 using Clock = std::chrono::steady_clock;
 
+// A fresh random transfer id for a server-to-server copy (a capability: whoever knows it
+// may pull the bytes from the source worker).
+uint64_t NewTransferId();
+// Fault tolerance relays copies between virtual devices through the client (the relayed
+// write is logged with its bytes, so a replay reproduces it).
+void DisableDirectCopies();
+
 // TANDEM_KEEPALIVE_MS (default 2 ms; 0: off): how long a used link may stay silent before
 // the client warms it.
 Clock::duration KeepaliveInterval();
+// TANDEM_FAILOVER_TIMEOUT_MS (default 10 s): how long a server may stay silent while it is
+// asked something before it counts as lost.
+Clock::duration FailoverTimeout();
 
 class SessionImpl final : public Session {
  public:
@@ -40,12 +50,19 @@ class SessionImpl final : public Session {
   void OnMessage(std::span<const uint8_t> msg);
   // Fails every outstanding reply and refuses new work.
   void OnLost(const Status& why);
+  // The same, on purpose (a session fault tolerance retired): no lost hook, no error log.
+  void Close(const Status& why);
   // Periodic duties: flush a batch that waited long enough, ping an idle link, declare
   // the server lost when it stopped answering. Returns how soon it wants to run again.
   Clock::duration Tick(Clock::time_point now);
   bool has_queued() const;
 
   uint32_t device_count_hint = 0;  // from Attach
+  // Whether device output (CUDA printf) reaches the program (off for voting replicas and
+  // while a restore replays kernels).
+  void set_forward_output(bool on) { forward_output_.store(on); }
+  // Called once when the session is lost (fault tolerance migrates it).
+  void set_lost_hook(std::function<void(SessionImpl*)> hook) { lost_hook_ = std::move(hook); }
 
  private:
   void ForwardOutput(std::span<const uint8_t> payload);
@@ -68,6 +85,8 @@ class SessionImpl final : public Session {
   Status health_;
   Clock::time_point last_recv_ = Clock::now();
   Clock::time_point last_send_ = Clock::now();
+  std::atomic<bool> forward_output_{true};
+  std::function<void(SessionImpl*)> lost_hook_;
   bool ping_outstanding_ = false;  // a Ping or the Warm of a keepalive round is out
   // Keepalive: which paths the program has used (ir::kWarm*), on which devices, and when it
   // last posted anything itself.

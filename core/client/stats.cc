@@ -63,6 +63,13 @@ void Stats::Print(size_t servers) const {
                      Bytes(relayed));
   out += fmt::format("round trips: {}, waiting on the network: {:.3f} s; keepalive warm-ups: {}\n", round_trips.load(),
                      wait_ns.load() / 1e9, keepalives.load());
+  if (checkpoints || mismatches || rollbacks || migrations || restores) {
+    out += fmt::format("fault tolerance: {} checkpoints ({} saved, {:.3f} s), {} mismatches, {} rollbacks ({:.3f} s, "
+                       "{} commands replayed), {} replicas restored from a peer, {} migrations ({:.3f} s)\n",
+                       checkpoints.load(), Bytes(checkpoint_bytes), checkpoint_ns.load() / 1e9, mismatches.load(),
+                       rollbacks.load(), rollback_ns.load() / 1e9, replayed.load(), restores.load(), migrations.load(),
+                       migration_ns.load() / 1e9);
+  }
   ssize_t n = ::write(STDERR_FILENO, out.data(), out.size());
   (void)n;
 }

@@ -57,7 +57,8 @@ cl_mem CreateBuffer(cl_context context, cl_mem_flags flags, size_t size, void* h
   mem->handle = client::Runtime::Get().NewHandle();
   client::Session& s = mem->session();
   s.Post(ir::BufferAllocReq{mem->handle, mem->resident->remote->remote_index, size, IrFlags(flags), 0});
-  mem->copies.push_back(_cl_mem::Copy{.session = &s, .handle = mem->handle, .stream = 0, .current = true});
+  mem->copies.push_back(_cl_mem::Copy{
+      .session = &s, .device = mem->resident->remote->remote_index, .handle = mem->handle, .stream = 0, .current = true});
   // The initial contents travel from a private copy, so creation does not wait.
   if (wants_ptr) {
     auto copy = std::make_shared<std::vector<uint8_t>>(static_cast<uint8_t*>(host_ptr),
@@ -117,10 +118,10 @@ cl_mem CreateSubBuffer(cl_mem buffer, cl_mem_flags flags, cl_buffer_create_type 
 // ---- residency across servers ----------------------------------------------------------
 
 namespace {
-// The copy of `root` on `session`, or nullptr. Called with residency_mu held.
-_cl_mem::Copy* CopyOn(_cl_mem* root, const client::Session* session) {
+// The copy of `root` for the device of queue q, or nullptr. Called with residency_mu held.
+_cl_mem::Copy* CopyOn(_cl_mem* root, cl_command_queue q) {
   for (auto& c : root->copies)
-    if (c.session == session) return &c;
+    if (c.session == &q->session() && c.device == q->device->remote->remote_index) return &c;
   return nullptr;
 }
 
@@ -143,7 +144,7 @@ client::CopyEnd SourceOf(_cl_mem* root) {
 bool CurrentOn(cl_command_queue q, cl_mem mem) {
   _cl_mem* root = MutableRoot(mem);
   std::lock_guard lock(root->residency_mu);
-  const _cl_mem::Copy* c = CopyOn(root, &q->session());
+  const _cl_mem::Copy* c = CopyOn(root, q);
   return c && c->current;
 }
 
@@ -157,11 +158,12 @@ cl_int AcquireBuffer(cl_command_queue q, cl_mem mem, BufferUse use, uint64_t* ha
   _cl_mem* root = MutableRoot(mem);
   client::Session* here = &q->session();
   std::lock_guard lock(root->residency_mu);
-  _cl_mem::Copy* mine = CopyOn(root, here);
+  _cl_mem::Copy* mine = CopyOn(root, q);
   if (!mine) {
     const uint64_t h = client::Runtime::Get().NewHandle();
-    here->Post(ir::BufferAllocReq{h, q->device->remote->remote_index, root->size, IrFlags(root->flags), 0});
-    root->copies.push_back(_cl_mem::Copy{.session = here, .handle = h, .stream = 0, .current = false});
+    const uint32_t device = q->device->remote->remote_index;
+    here->Post(ir::BufferAllocReq{h, device, root->size, IrFlags(root->flags), 0});
+    root->copies.push_back(_cl_mem::Copy{.session = here, .device = device, .handle = h, .stream = 0, .current = false});
     mine = &root->copies.back();
   }
   const bool home = mine == &root->copies.front();

@@ -254,11 +254,12 @@ struct _cl_mem : tandem::ocl::Object<_cl_mem> {
   // and its remote handle.
   cl_device_id resident = nullptr;
   uint64_t handle = 0;
-  // Residency across servers (root buffers only): one copy per server that has used the
+  // Residency across devices (root buffers only): one copy per device that has used the
   // buffer, copies[0] being the home copy. `current` copies hold the latest bytes; `stream`
   // is the one that last wrote a copy, so a copy out of that server is ordered after it.
   struct Copy {
     tandem::client::Session* session = nullptr;
+    uint32_t device = 0;  // the device's index on its server (a server keeps one copy per device)
     uint64_t handle = 0;
     uint64_t stream = 0;
     bool current = false;

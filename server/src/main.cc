@@ -19,6 +19,7 @@ namespace {
 
 using tandem::server::BrokerOptions;
 using tandem::server::WorkerOptions;
+using tandem::server::InjectOptions;
 
 // True when every address the host resolves to is a loopback address.
 bool IsLoopback(const std::string& host) {
@@ -71,6 +72,13 @@ int main(int argc, char** argv) {
   uint32_t max_sessions = 64;
   app.add_option("--max-sessions", max_sessions, "live sessions at most (more clients are refused, kOverload)")
       ->check(CLI::PositiveNumber);
+  // Fault injection (tests and evaluation): passed on to every session worker.
+  InjectOptions inject;
+  app.add_option("--inject-bitflip", inject.bitflip_rate,
+                 "flip one random bit of the data or digest of a read back with this probability per read back")
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--inject-stall-after", inject.stall_after, "each session stops answering after this many commands");
+  app.add_option("--inject-exit-after", inject.exit_after, "each session's worker dies after this many commands");
   // The worker role: started by the broker itself, never by users.
   WorkerOptions w;
   bool worker = false;
@@ -84,6 +92,7 @@ int main(int argc, char** argv) {
     w.backend = backend;
     w.devices = devices;
     w.session_timeout = std::chrono::milliseconds(timeout_ms);
+    w.inject = inject;
     const char* key = std::getenv(tandem::server::kSessionKeyEnv);
     w.session_key = key ? std::strtoull(key, nullptr, 10) : 0;
     ::unsetenv(tandem::server::kSessionKeyEnv);
@@ -104,6 +113,7 @@ int main(int argc, char** argv) {
   b.devices = devices;
   b.session_timeout = std::chrono::milliseconds(timeout_ms);
   b.max_sessions = max_sessions;
+  b.inject = inject;
   if (!token_file.empty()) {
     std::string token;
     if (!ReadToken(token_file, &token)) {

@@ -1,9 +1,12 @@
 #include "tandem/server/session.h"
 
 #include <fmt/format.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <array>
+#include <chrono>
+#include <memory>
 #include <string>
 #include <type_traits>
 
@@ -202,6 +205,7 @@ void Session::Run(const ir::Record& rec, ir::BatchWriter& out) {
   if (!st.ok()) return ReplyError(rec, st, out);
   auto rep = std::make_shared<typename Req::Reply>();
   st = Execute(req, rep.get());
+  commands_run_.fetch_add(1, std::memory_order_relaxed);
   // A protocol error (a command sent the wrong way) is answered at once, like a malformed one.
   const bool want_reply = (Req::kFlags & ir::kNeedsReply) || (rec.header.flags & ir::kRecordWantReply) ||
                           st.code() == Code::kProtocol;
@@ -212,14 +216,23 @@ void Session::Run(const ir::Record& rec, ir::BatchWriter& out) {
     } else {
       // It is the sync point for what came before it: it carries their deferred errors.
       const ir::RecordHeader head = rec.header;
-      late_.push_back([head, rep, wait = std::move(wait), deferred = TakeDeferred()] {
+      late_.push_back([this, head, rep, wait = std::move(wait), deferred = TakeDeferred()] {
         Status done = wait();
+        if constexpr (std::is_same_v<Req, ir::BufferReadReq>) {
+          if (done.ok()) MaybeFlip(rep->data);
+        }
         ir::BatchWriter w(ir::BatchKind::kReplies);
         w.AddReply(head.opcode, head.seq, done, deferred, done.ok() ? rep.get() : nullptr);
         return w.Finish();
       });
       return;
     }
+  }
+  if constexpr (std::is_same_v<Req, ir::BufferReadReq>) {
+    if (st.ok()) MaybeFlip(rep->data);
+  }
+  if constexpr (std::is_same_v<Req, ir::BufferDigestReq>) {
+    if (st.ok()) MaybeFlip(rep->digests);
   }
   if (want_reply) return Reply(rec, st, rep.get(), out);
   if (!st.ok()) {
@@ -280,6 +293,83 @@ Status Session::WithBulk(BulkIO* io, const std::function<Status()>& run) {
     if (st.ok()) st = done;
   }
   return st;
+}
+
+void Session::set_faults(const FaultInjection& faults) {
+  faults_ = faults;
+  rng_ = faults.seed ? faults.seed : static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  rng_ |= 1;
+}
+
+namespace {
+uint64_t NextRandom(uint64_t& x) {  // xorshift64*: injection needs no more
+  x ^= x >> 12;
+  x ^= x << 25;
+  x ^= x >> 27;
+  return x * 0x2545F4914F6CDD1DULL;
+}
+}  // namespace
+
+void Session::MaybeFlip(std::vector<uint8_t>& data) {
+  if (faults_.bitflip_rate <= 0 || data.empty()) return;
+  std::lock_guard<std::mutex> lock(flip_mu_);
+  if (static_cast<double>(NextRandom(rng_) >> 11) * 0x1.0p-53 >= faults_.bitflip_rate) return;
+  const uint64_t bit = NextRandom(rng_) % (data.size() * 8);
+  data[bit / 8] ^= static_cast<uint8_t>(1u << (bit % 8));
+  ++flips_;
+  log::Warn("fault injection: flipped bit {} of a {}-byte read back", bit, data.size());
+}
+
+void Session::MaybeFlip(std::vector<uint64_t>& digests) {
+  if (faults_.bitflip_rate <= 0 || digests.empty()) return;
+  std::lock_guard<std::mutex> lock(flip_mu_);
+  if (static_cast<double>(NextRandom(rng_) >> 11) * 0x1.0p-53 >= faults_.bitflip_rate) return;
+  const uint64_t bit = NextRandom(rng_) % (digests.size() * 64);
+  digests[bit / 64] ^= 1ull << (bit % 64);
+  ++flips_;
+  log::Warn("fault injection: flipped bit {} of a digest", bit);
+}
+
+// Redundancy: digests of a range, read through the backend's ordinary inline read path (in
+// pieces, so any size works) and hashed here, where the data is.
+Status Session::Call(const ir::BufferDigestReq& req, ir::BufferDigestRep* rep) {
+  constexpr uint64_t kPiece = 64u << 20;
+  const uint64_t chunk = req.chunk ? req.chunk : req.size;
+  if (req.size == 0) return Status::Invalid("BufferDigest: empty range");
+  if (req.chunk != 0 && req.size / req.chunk >= ir::kMaxListItems / 2)
+    return Status::Invalid(fmt::format("BufferDigest: {} chunks of {} bytes is too many", req.size / req.chunk, req.chunk));
+  XXH3_state_t* state = XXH3_createState();
+  if (!state) return Status(Code::kOutOfMemory, "BufferDigest: no hash state");
+  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> hold(state, XXH3_freeState);
+  XXH3_128bits_reset(state);
+  uint64_t in_chunk = 0;
+  for (uint64_t at = 0; at < req.size;) {
+    const uint64_t n = std::min({kPiece, req.size - at, chunk - in_chunk});
+    ir::BufferReadReq read{.stream = req.stream, .buffer = req.buffer, .offset = req.offset + at, .size = n,
+                           .remote = {}, .wait = at == 0 ? req.wait : ir::u64s{}, .signal = 0};
+    ir::BufferReadRep piece;
+    TANDEM_RETURN_IF_ERROR(WithBulk(backend_->bulk(), [&] { return backend_->OnBufferRead(read, &piece); }));
+    if (piece.data.size() != n) return Status(Code::kInternal, "BufferDigest: the backend read a short piece");
+    XXH3_128bits_update(state, piece.data.data(), n);
+    at += n;
+    in_chunk += n;
+    if (in_chunk == chunk || at == req.size) {
+      const XXH128_hash_t h = XXH3_128bits_digest(state);
+      rep->digests.push_back(h.low64);
+      rep->digests.push_back(h.high64);
+      XXH3_128bits_reset(state);
+      in_chunk = 0;
+    }
+  }
+  if (req.signal) {
+    // The signal completes with the digest: a marker in the same stream.
+    ir::MarkerRep unused;
+    TANDEM_RETURN_IF_ERROR(WithBulk(backend_->bulk(), [&] {
+      return backend_->OnMarker(ir::MarkerReq{.stream = req.stream, .barrier = 0, .wait = {}, .signal = req.signal},
+                                &unused);
+    }));
+  }
+  return Status::Ok();
 }
 
 // Keepalive: checked here, run by the backend off the program's streams.

@@ -13,6 +13,14 @@
 
 namespace tandem::server {
 
+// Fault injection for tests and evaluation (--inject-*), handed from broker to workers.
+struct InjectOptions {
+  double bitflip_rate = 0;   // probability per read back of one flipped bit (data or digest)
+  uint64_t stall_after = 0;  // 0: never; else stop answering anything after this many commands
+  uint64_t exit_after = 0;   // 0: never; else the worker dies after this many commands
+  bool any() const { return bitflip_rate > 0 || stall_after || exit_after; }
+};
+
 struct BrokerOptions {
   std::string listen;                // host:port
   std::optional<std::string> token;  // set when --token-file was given
@@ -20,6 +28,7 @@ struct BrokerOptions {
   std::string devices;               // backend device filter
   std::chrono::milliseconds session_timeout{10000};
   uint32_t max_sessions = 64;        // live sessions at most; more Hellos get kOverload
+  InjectOptions inject;
 };
 
 struct WorkerOptions {
@@ -30,6 +39,7 @@ struct WorkerOptions {
   int status_fd = -1;     // the pipe the worker reports "ok <port> <kind> <name>" or "error <why>" on
   uint64_t session_key = 0;
   bool probe = false;     // only open the backend and report it (the broker's start-up check)
+  InjectOptions inject;
 };
 
 // Environment variable that carries the session key from broker to worker (kept off the

@@ -88,7 +88,11 @@ class Waiter {
 // The executor: a queue of request batches run one at a time, in arrival order.
 class Executor {
  public:
-  Executor(Session* session, fabric::Endpoint* endpoint) : session_(session), endpoint_(endpoint), waiter_(endpoint) {}
+  Executor(Session* session, fabric::Endpoint* endpoint, const InjectOptions& inject)
+      : session_(session), endpoint_(endpoint), waiter_(endpoint), inject_(inject) {}
+  // --inject-stall-after: set once the session stopped answering (the receive thread then
+  // drops everything, pings included, as a frozen process would).
+  bool stalled() const { return stalled_.load(); }
   ~Executor() { Stop(); }
 
   void Start(fabric::PeerId client) {
@@ -123,6 +127,16 @@ class Executor {
         queue_.pop_front();
       }
       BatchOutcome out = session_->HandleBatch(msg);
+      const uint64_t run = session_->commands_run();
+      if (inject_.exit_after && run >= inject_.exit_after) {
+        log::Warn("fault injection: the worker dies after {} commands", run);
+        ::_exit(3);
+      }
+      if (inject_.stall_after && run >= inject_.stall_after) {
+        log::Warn("fault injection: the session stops answering after {} commands", run);
+        stalled_.store(true);
+        for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+      }
       if (!out.reply.empty()) {
         Status st = endpoint_->Send(client_, std::move(out.reply));
         if (!st.ok()) log::Warn("cannot send a reply: {}", st.ToString());
@@ -147,6 +161,8 @@ class Executor {
   Waiter waiter_;
   bool stop_ = false;
   std::atomic<bool> goodbye_{false};
+  InjectOptions inject_;
+  std::atomic<bool> stalled_{false};
 };
 
 void Refuse(fabric::Endpoint& ep, fabric::PeerId peer, const std::string& why) {
@@ -193,7 +209,8 @@ int RunWorker(const WorkerOptions& opt) {
     const int want = std::max<int>(fabric::Options{}.spin_us, static_cast<int>(spin_us));
     if (want != current) ep->SetSpin(current = want);
   });
-  Executor executor(&session, ep.get());
+  session.set_faults(FaultInjection{.bitflip_rate = opt.inject.bitflip_rate, .seed = 0});
+  Executor executor(&session, ep.get(), opt.inject);
   std::unique_ptr<FabricBulk> bulk;
   std::optional<fabric::PeerId> client;
   auto last_heard = Clock::now();
@@ -244,6 +261,7 @@ int RunWorker(const WorkerOptions& opt) {
       continue;
     }
     last_heard = Clock::now();
+    if (executor.stalled()) continue;  // frozen: not even a ping is answered
     if (auto urgent = session.RunUrgent(e.data)) {
       if (!urgent->empty()) {
         Status st = ep->Send(*client, std::move(*urgent));

@@ -159,7 +159,7 @@ struct CopyEnd {
 };
 // False when TANDEM_VDMA=0: copies between servers are then relayed through this process.
 bool DirectCopiesEnabled();
-// Copies `size` bytes between buffers of two different servers, in each side's stream order;
+// Copies `size` bytes between buffers of two servers (or two devices of one), in each side's stream order;
 // `signal` (0: none) completes on the destination when the bytes are there. Directly (VDMA):
 // the destination server pulls them from the source server and nothing here waits. Relayed
 // (TANDEM_VDMA=0): a blocking read into this process, then an asynchronous write.

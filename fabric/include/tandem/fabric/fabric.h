@@ -39,6 +39,9 @@ struct Options {
   int recv_buffers = 8;
   // Microseconds the progress thread busy-polls after activity before it blocks.
   int spin_us = 100;
+  // How long Send() keeps trying a peer that takes nothing (a dead or frozen one) before it
+  // declares the peer lost.
+  Millis send_timeout{10000};
 };
 
 // A registered local memory region (RAII: deregistered on destruction).

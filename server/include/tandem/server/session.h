@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <optional>
 #include <span>
@@ -44,6 +45,13 @@ class PeerLink {
   virtual Result<std::unique_ptr<BulkIO>> Sink(const std::string& peer, uint64_t transfer, uint64_t size) = 0;
 };
 
+// Fault injection for tests and evaluation (tandemd --inject-*): flips one random bit of
+// the data or digest of a read back with probability `bitflip_rate` per read back.
+struct FaultInjection {
+  double bitflip_rate = 0;
+  uint64_t seed = 0;  // 0: from the clock
+};
+
 class Session {
  public:
   // Deferred asynchronous errors kept at most between two replies (the rest are counted).
@@ -67,6 +75,10 @@ class Session {
 
   bool attached() const { return attached_.load(); }
   void set_peers(PeerLink* peers) { peers_ = peers; }
+  void set_faults(const FaultInjection& faults);
+  // Records run so far (for --inject-stall-after / --inject-exit-after) and flips injected.
+  uint64_t commands_run() const { return commands_run_.load(); }
+  uint64_t flips_injected() const { return flips_; }
   // Told how long the client wants the worker's threads to keep looking for messages before
   // they sleep (Warm's spin_us; capped).
   void set_spin_hook(std::function<void(uint32_t spin_us)> hook) { spin_hook_ = std::move(hook); }
@@ -94,6 +106,10 @@ class Session {
   Status Call(const ir::PeerSendReq& req, ir::PeerSendRep* rep);
   Status Call(const ir::PeerRecvReq& req, ir::PeerRecvRep* rep);
   Status Call(const ir::WarmReq& req, ir::WarmRep* rep);
+  Status Call(const ir::BufferDigestReq& req, ir::BufferDigestRep* rep);
+  // Maybe flips one bit of a read back (fault injection).
+  void MaybeFlip(std::vector<uint8_t>& data);
+  void MaybeFlip(std::vector<uint64_t>& digests);
   Status WithBulk(BulkIO* io, const std::function<Status()>& run);
   Status Execute(const ir::AttachReq& req, ir::AttachRep* rep);
   Status Execute(const ir::PingReq& req, ir::PingRep* rep);
@@ -117,6 +133,11 @@ class Session {
   Backend* backend_;
   PeerLink* peers_ = nullptr;
   std::function<void(uint32_t)> spin_hook_;
+  FaultInjection faults_;
+  std::mutex flip_mu_;  // late replies flip on the waiter thread
+  uint64_t rng_ = 0;
+  uint64_t flips_ = 0;
+  std::atomic<uint64_t> commands_run_{0};
   uint64_t session_key_;
   std::atomic<bool> attached_{false};
   bool goodbye_ = false;

@@ -1,0 +1,870 @@
+#include "ft.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "stats.h"
+#include "tandem/log.h"
+
+namespace tandem::client {
+namespace {
+
+constexpr uint64_t kChunk = 1u << 20;  // checkpoint granularity
+
+bool IsLinkLoss(const Status& st) { return st.code() == Code::kLinkLost || st.code() == Code::kServerLost; }
+
+std::vector<std::string> SplitList(const char* v) {
+  std::vector<std::string> out;
+  if (!v) return out;
+  std::string s(v), item;
+  for (char c : s + ",") {
+    if (c == ',' || c == ' ') {
+      if (!item.empty()) out.push_back(item);
+      item.clear();
+    } else {
+      item += c;
+    }
+  }
+  return out;
+}
+
+uint64_t FirstU64(const std::vector<uint8_t>& p, size_t at = 0) {
+  uint64_t v = 0;
+  if (p.size() >= at + 8) std::memcpy(&v, p.data() + at, 8);
+  return v;
+}
+
+template <class Req>
+std::vector<uint8_t> Encode(const Req& req) {
+  std::vector<uint8_t> out;
+  ir::Writer w(&out);
+  ir::Put(w, req);
+  return out;
+}
+
+using Digest = std::pair<uint64_t, uint64_t>;
+
+Digest Hash(std::span<const uint8_t> data) {
+  const XXH128_hash_t h = XXH3_128bits(data.data(), data.size());
+  return {h.low64, h.high64};
+}
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// Creation commands: kept (with their configuration) while their object lives.
+bool IsCreate(ir::Opcode op) {
+  switch (op) {
+    case ir::Opcode::kAddressReserve:
+    case ir::Opcode::kBufferAlloc:
+    case ir::Opcode::kModuleLoad:
+    case ir::Opcode::kModuleBuild:
+    case ir::Opcode::kFunctionGet:
+    case ir::Opcode::kFunctionSetAttr:
+    case ir::Opcode::kStreamCreate:
+    case ir::Opcode::kEventCreate:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool IsDestroy(ir::Opcode op) {
+  switch (op) {
+    case ir::Opcode::kBufferFree:
+    case ir::Opcode::kModuleFree:
+    case ir::Opcode::kFunctionFree:
+    case ir::Opcode::kStreamDestroy:
+    case ir::Opcode::kEventDestroy:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// The event a command signals (its `signal` field), or 0.
+uint64_t SignalOf(uint16_t opcode, const std::vector<uint8_t>& payload) {
+  uint64_t signal = 0;
+  ir::ForEachCommand([&]<class Req>() {
+    if constexpr (requires(Req r) { r.signal; }) {
+      if (opcode != static_cast<uint16_t>(Req::kOpcode)) return;
+      Req req;
+      if (ir::DecodeRequest(payload, &req).ok()) signal = req.signal;
+    }
+  });
+  return signal;
+}
+
+}  // namespace
+
+// ---- configuration ------------------------------------------------------------------------
+
+FtConfig FtConfig::FromEnv() {
+  FtConfig c;
+  if (const char* v = std::getenv("TANDEM_REDUNDANCY")) c.redundancy = std::max(1, std::atoi(v));
+  c.spares = SplitList(std::getenv("TANDEM_SPARE_SERVERS"));
+  double period = 10;
+  if (const char* v = std::getenv("TANDEM_CHECKPOINT_PERIOD")) period = std::max(0.0, std::atof(v));
+  c.checkpoint_period = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(period));
+  if (const char* v = std::getenv("TANDEM_LOG_LIMIT")) {
+    char* end = nullptr;
+    double n = std::strtod(v, &end);
+    const char unit = end && *end ? static_cast<char>(std::toupper(*end)) : 0;
+    const double scale = unit == 'K' ? 1024.0 : unit == 'M' ? 1048576.0 : unit == 'G' ? 1073741824.0 : 1.0;
+    if (n > 0) c.log_limit = static_cast<size_t>(n * scale);
+  }
+  if (const char* v = std::getenv("TANDEM_MAX_RETRIES")) c.max_retries = std::max(1, std::atoi(v));
+  return c;
+}
+
+// ---- one command as fault tolerance follows it ---------------------------------------------
+
+struct FaultTolerance::Op {
+  uint64_t id = 0;
+  GroupSession* group = nullptr;
+  uint16_t opcode = 0;
+  std::vector<uint8_t> payload;
+  RawReplyFn fn;
+  bool read = false;    // a voted read back
+  bool logged = false;  // in the log: a replay answers it
+  struct Answer {
+    bool in = false;
+    Status st;
+    std::vector<uint8_t> fields;
+  };
+  std::mutex m;
+  uint64_t issue = 0;
+  uint64_t generation = 0;  // the recovery generation it was last issued in
+  std::vector<Answer> answers;
+  std::vector<bool> carries_data;
+  int waiting = 0;
+  bool delivered = false;
+};
+
+// ---- GroupSession ---------------------------------------------------------------------------
+
+GroupSession::GroupSession(FaultTolerance* ft, std::vector<SessionImpl*> replicas, std::vector<std::string> addresses)
+    : ft_(ft), replicas_(std::move(replicas)), addresses_(std::move(addresses)) {
+  for (size_t i = 0; i < addresses_.size(); ++i) name_ += (i ? "+" : "") + addresses_[i];
+  backend_ = replicas_.front()->backend();
+  outvoted_.assign(replicas_.size(), 0);
+  for (size_t i = 1; i < replicas_.size(); ++i) replicas_[i]->set_forward_output(false);
+}
+
+const std::string& GroupSession::worker_address() const {
+  std::lock_guard<std::mutex> lock(ft_->mu_);
+  return replicas_.front()->worker_address();
+}
+
+uint64_t GroupSession::PostRaw(uint16_t opcode, std::vector<uint8_t> payload, RawReplyFn fn) {
+  return ft_->Post(this, opcode, std::move(payload), std::move(fn));
+}
+
+Status GroupSession::Flush() {
+  std::vector<SessionImpl*> replicas;
+  {
+    std::lock_guard<std::mutex> lock(ft_->mu_);
+    if (!failed_.ok()) return failed_;
+    replicas = replicas_;
+  }
+  // Outside the lock: a send to a dead server blocks until it is declared lost, and the
+  // recovery that follows needs the lock. A lost replica is recovered, not reported.
+  for (SessionImpl* s : replicas) s->Flush();
+  return Status::Ok();
+}
+
+Status GroupSession::CallRaw(uint16_t opcode, std::vector<uint8_t> payload, std::vector<uint8_t>* reply_fields) {
+  struct Waiter {
+    std::mutex m;
+    std::condition_variable cv;
+    bool done = false;
+    Status status;
+    std::vector<uint8_t> fields;
+  };
+  auto w = std::make_shared<Waiter>();
+  PostRaw(opcode, std::move(payload), [w](const Status& st, std::span<const uint8_t> fields) {
+    std::lock_guard<std::mutex> l(w->m);
+    w->status = st;
+    w->fields.assign(fields.begin(), fields.end());
+    w->done = true;
+    w->cv.notify_all();
+  });
+  auto start = Clock::now();
+  Flush();
+  std::unique_lock<std::mutex> l(w->m);
+  w->cv.wait(l, [&] { return w->done; });
+  Stats::Get().AddWait(Clock::now() - start);
+  if (reply_fields) *reply_fields = std::move(w->fields);
+  return w->status;
+}
+
+std::vector<ir::AsyncError> GroupSession::TakeAsyncErrors() {
+  std::lock_guard<std::mutex> lock(ft_->mu_);
+  std::vector<ir::AsyncError> out = replicas_.front()->TakeAsyncErrors();
+  for (size_t i = 1; i < replicas_.size(); ++i) replicas_[i]->TakeAsyncErrors();  // the same, or voted later
+  return out;
+}
+
+Status GroupSession::health() const {
+  std::lock_guard<std::mutex> lock(ft_->mu_);
+  return failed_;
+}
+
+// ---- FaultTolerance -------------------------------------------------------------------------
+
+FaultTolerance::FaultTolerance(FtConfig config, SessionSource* source)
+    : config_(std::move(config)), source_(source), spares_(config_.spares.begin(), config_.spares.end()) {
+  thread_ = std::thread([this] { RecoveryLoop(); });
+  thread_.detach();  // lives as long as the process (the runtime is never destroyed)
+  log::Info("fault tolerance: redundancy {}, {} spare server(s), checkpoint every {:.1f} s, log limit {} MiB",
+            config_.redundancy, config_.spares.size(), Seconds(config_.checkpoint_period), config_.log_limit >> 20);
+}
+
+FaultTolerance::~FaultTolerance() = default;
+
+GroupSession* FaultTolerance::AddGroup(std::vector<SessionImpl*> replicas, std::vector<std::string> addresses) {
+  std::lock_guard<std::mutex> lock(mu_);
+  groups_.push_back(std::make_unique<GroupSession>(this, std::move(replicas), std::move(addresses)));
+  return groups_.back().get();
+}
+
+std::string FaultTolerance::TakeSpare() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (spares_.empty()) return "";
+  std::string s = spares_.front();
+  spares_.pop_front();
+  return s;
+}
+
+void FaultTolerance::NoteCreate(GroupSession* g, uint16_t opcode, const std::vector<uint8_t>& payload) {
+  const auto op = static_cast<ir::Opcode>(opcode);
+  if (const uint64_t signal = SignalOf(opcode, payload)) g->signals_.insert(signal);
+  if (IsCreate(op)) {
+    g->creates_.emplace_back(opcode, payload);
+  } else if (IsDestroy(op)) {
+    if (op == ir::Opcode::kEventDestroy) g->signals_.erase(FirstU64(payload));
+    // Handles are unique across kinds: everything created under this one goes.
+    const uint64_t handle = FirstU64(payload);
+    std::erase_if(g->creates_, [&](const auto& c) {
+      const auto cop = static_cast<ir::Opcode>(c.first);
+      return cop != ir::Opcode::kAddressReserve && FirstU64(c.second) == handle;
+    });
+  }
+}
+
+uint64_t FaultTolerance::Post(GroupSession* g, uint16_t opcode, std::vector<uint8_t> payload, RawReplyFn fn) {
+  const ir::CommandInfo* info = ir::FindCommand(opcode);
+  const uint32_t flags = info ? info->flags : 0;
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return !recovering_; });
+  if (!g->failed_.ok()) {
+    Status why = g->failed_;
+    lock.unlock();
+    if (fn) fn(why, {});
+    return 0;
+  }
+  const bool read = opcode == static_cast<uint16_t>(ir::Opcode::kBufferRead) && fn;
+  // A checkpoint is taken at a read back, once the period has passed or the log is full.
+  if (read && (Clock::now() - last_ckpt_ >= config_.checkpoint_period || log_bytes_ >= config_.log_limit)) {
+    recovering_ = true;
+    ++generation_;
+    touched_.clear();
+    Status st = Checkpoint();
+    ReissueOpen();  // after a rollback the checkpoint ran into
+    recovering_ = false;
+    cv_.notify_all();
+    if (!st.ok()) log::Warn("fault tolerance: checkpoint skipped: {}", st.message());
+  }
+  auto op = std::make_shared<Op>();
+  op->id = next_op_++;
+  op->group = g;
+  op->opcode = opcode;
+  op->read = read;
+  op->logged = (flags & ir::kLogged) != 0;
+  op->fn = std::move(fn);
+  if (op->logged) {
+    NoteCreate(g, opcode, payload);
+    log_bytes_ += payload.size();
+  }
+  op->payload = std::move(payload);
+  if (op->logged || op->read) log_.push_back(LogEntry{g, opcode, op->payload, op->fn || op->read ? op : nullptr});
+  if (op->fn) open_[op->id] = op;
+  Issue(op);
+  return op->id;
+}
+
+void FaultTolerance::Issue(const std::shared_ptr<Op>& op) {
+  GroupSession* g = op->group;
+  const size_t n = g->replicas_.size();
+  std::vector<size_t> targets;
+  uint64_t issue;
+  {
+    std::lock_guard<std::mutex> l(op->m);
+    issue = ++op->issue;
+    op->generation = generation_;
+    op->answers.assign(n, {});
+    op->carries_data.assign(n, false);
+    // Reads and logged commands go to every replica; a query to the primary only.
+    const bool all = op->read || op->logged || !op->fn;
+    for (size_t i = 0; i < (all ? n : 1); ++i) targets.push_back(i);
+    if (op->read)
+      for (size_t i = 0; i < std::min<size_t>(n >= 3 ? 2 : 1, n); ++i) op->carries_data[i] = true;
+    op->waiting = op->fn ? static_cast<int>(targets.size()) : 0;
+  }
+  ir::BufferReadReq read;
+  if (op->read && !ir::DecodeRequest(op->payload, &read).ok()) {
+    Deliver(op, Status::Protocol("malformed BufferRead under fault tolerance"), {});
+    return;
+  }
+  for (size_t i : targets) {
+    uint16_t opcode = op->opcode;
+    std::vector<uint8_t> payload = op->payload;
+    if (op->read && !op->carries_data[i]) {
+      opcode = static_cast<uint16_t>(ir::Opcode::kBufferDigest);
+      payload = Encode(ir::BufferDigestReq{.stream = read.stream, .buffer = read.buffer, .offset = read.offset,
+                                           .size = read.size, .chunk = 0, .wait = read.wait, .signal = read.signal});
+    }
+    RawReplyFn answer;
+    if (op->fn)
+      answer = [this, op, issue, i](const Status& st, std::span<const uint8_t> fields) { OnAnswer(op, issue, i, st, fields); };
+    g->replicas_[i]->PostRaw(opcode, std::move(payload), std::move(answer));
+  }
+}
+
+void FaultTolerance::OnAnswer(const std::shared_ptr<Op>& op, uint64_t issue, size_t replica, const Status& st,
+                              std::span<const uint8_t> fields) {
+  {
+    std::lock_guard<std::mutex> l(op->m);
+    if (op->issue != issue || op->delivered || replica >= op->answers.size()) return;
+    auto& a = op->answers[replica];
+    a.in = true;
+    a.st = st;
+    a.fields.assign(fields.begin(), fields.end());
+    if (--op->waiting > 0) return;
+  }
+  Evaluate(op);
+}
+
+// All answers of an issue are in (receiver thread, or inline from a post to a lost session).
+void FaultTolerance::Evaluate(const std::shared_ptr<Op>& op) {
+  std::vector<Op::Answer> answers;
+  std::vector<bool> carries;
+  {
+    std::lock_guard<std::mutex> l(op->m);
+    if (op->delivered) return;
+    answers = op->answers;
+    carries = op->carries_data;
+  }
+  const size_t n = answers.size();
+  if (!op->read) {
+    // The primary's answer, or any replica's that is not a lost link.
+    for (size_t i = 0; i < n; ++i)
+      if (answers[i].in && !IsLinkLoss(answers[i].st)) return Deliver(op, answers[i].st, answers[i].fields);
+    return;  // every target lost: the recovery re-issues it (or its replay answers it)
+  }
+  // A voted read. Replicas that lost their link do not vote; the recovery replaces them.
+  std::vector<std::optional<Digest>> digests(n);
+  size_t voters = 0, data_voters = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const auto& a = answers[i];
+    if (!a.in || IsLinkLoss(a.st)) continue;
+    ++voters;
+    if (!a.st.ok()) {
+      // The API's own error (a bad read): the program gets it, as natively.
+      if (carries[i]) return Deliver(op, a.st, {});
+      continue;
+    }
+    ir::Reader r(a.fields);
+    if (carries[i]) {
+      ir::BufferReadRep rep;
+      if (ir::Get(r, &rep)) digests[i] = Hash(rep.data), ++data_voters;
+    } else {
+      ir::BufferDigestRep rep;
+      if (ir::Get(r, &rep) && rep.digests.size() == 2) digests[i] = Digest{rep.digests[0], rep.digests[1]};
+    }
+  }
+  if (data_voters == 0) return;  // the bytes must be fetched again once the group is whole
+  std::map<Digest, std::vector<size_t>> votes;
+  for (size_t i = 0; i < n; ++i)
+    if (digests[i]) votes[*digests[i]].push_back(i);
+  const std::vector<size_t>* best = nullptr;
+  for (const auto& [d, who] : votes)
+    if (!best || who.size() > best->size()) best = &who;
+  const bool unanimous = best && best->size() == voters;
+  const bool majority = best && best->size() * 2 > n && n >= 3;
+  if (unanimous || majority) {
+    size_t from = n;  // the first replica with the winning bytes
+    for (size_t i : *best) {
+      if (carries[i]) {
+        from = i;
+        break;
+      }
+    }
+    std::vector<size_t> outvoted;
+    for (size_t i = 0; i < n; ++i)
+      if (digests[i] && std::find(best->begin(), best->end(), i) == best->end()) outvoted.push_back(i);
+    if (from < n) {
+      if (unanimous) mismatch_streak_ = 0;
+      Deliver(op, answers[from].st, answers[from].fields);
+    }
+    if (!outvoted.empty() || from == n) Schedule([this, op, outvoted] { OnMismatch(op, outvoted, true); });
+    return;
+  }
+  Schedule([this, op] { OnMismatch(op, {}, false); });
+}
+
+void FaultTolerance::Deliver(const std::shared_ptr<Op>& op, const Status& st, std::span<const uint8_t> fields) {
+  {
+    std::lock_guard<std::mutex> l(op->m);
+    if (op->delivered) return;
+    op->delivered = true;
+  }
+  {
+    std::lock_guard<std::mutex> l(tasks_mu_);  // open_ is also read by the recovery thread
+    open_.erase(op->id);
+  }
+  if (op->fn) op->fn(st, fields);
+}
+
+// ---- recovery -------------------------------------------------------------------------------
+
+void FaultTolerance::Schedule(std::function<void()> task) {
+  std::lock_guard<std::mutex> l(tasks_mu_);
+  tasks_.push_back(std::move(task));
+  tasks_cv_.notify_one();
+}
+
+void FaultTolerance::RecoveryLoop() {
+  for (;;) {
+    std::function<void()> task;
+    {
+      std::unique_lock<std::mutex> l(tasks_mu_);
+      tasks_cv_.wait(l, [&] { return !tasks_.empty(); });
+      task = std::move(tasks_.front());
+      tasks_.pop_front();
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !recovering_; });
+    recovering_ = true;
+    ++generation_;
+    touched_.clear();
+    task();
+    ReissueOpen();
+    recovering_ = false;
+    cv_.notify_all();
+  }
+}
+
+void FaultTolerance::OnSessionLost(SessionImpl* s) {
+  Schedule([this, s] {
+    for (auto& g : groups_) {
+      for (size_t i = 0; i < g->replicas_.size(); ++i) {
+        if (g->replicas_[i] != s) continue;
+        ReplaceLost(g.get(), i, s->health().message());
+        return;
+      }
+    }
+    // Not a member any more (retired by a rollback): nothing to do.
+  });
+}
+
+// Ops of the groups a recovery touched that still wait: asked again of the group as it is
+// now, unless the recovery re-issued them itself (a replay). Logged ops are answered by
+// their replay or by a surviving replica, never sent twice.
+void FaultTolerance::ReissueOpen() {
+  std::vector<std::shared_ptr<Op>> open;
+  {
+    std::lock_guard<std::mutex> l(tasks_mu_);
+    for (auto& [id, op] : open_) open.push_back(op);
+  }
+  for (auto& op : open) {
+    if (!op->group->failed_.ok()) {
+      Deliver(op, op->group->failed_, {});
+      continue;
+    }
+    if (!touched_.contains(op->group)) continue;
+    {
+      std::lock_guard<std::mutex> l(op->m);
+      if (op->delivered || op->generation == generation_ || (op->logged && !op->read)) continue;
+    }
+    Issue(op);
+  }
+}
+
+std::vector<uint64_t> FaultTolerance::Devices(const GroupSession* g) const {
+  std::vector<uint64_t> out;
+  for (const auto& [opcode, payload] : g->creates_) {
+    uint64_t d = ~0ull;
+    if (opcode == static_cast<uint16_t>(ir::Opcode::kBufferAlloc)) d = FirstU64(payload, 8);
+    if (opcode == static_cast<uint16_t>(ir::Opcode::kAddressReserve)) d = FirstU64(payload, 0);
+    if (d != ~0ull && std::find(out.begin(), out.end(), d) == out.end()) out.push_back(d);
+  }
+  if (out.empty()) out.push_back(0);
+  return out;
+}
+
+Status FaultTolerance::Quiesce(SessionImpl* s, const std::vector<uint64_t>& devices) {
+  for (uint64_t d : devices) {
+    std::vector<uint8_t> unused;
+    Status st = s->CallRaw(static_cast<uint16_t>(ir::Opcode::kDeviceSync), Encode(ir::DeviceSyncReq{.device = d}), &unused);
+    if (!st.ok()) return st;
+  }
+  return Status::Ok();
+}
+
+// Takes a coordinated checkpoint of every group (lock held, recovering_ set).
+Status FaultTolerance::Checkpoint() {
+  const auto start = Clock::now();
+  Stats& stats = Stats::Get();
+  // 1. Every replica of every group finishes what it was sent.
+  for (auto& g : groups_) {
+    const auto devices = Devices(g.get());
+    for (SessionImpl* s : g->replicas_) TANDEM_RETURN_IF_ERROR(Quiesce(s, devices));
+  }
+  uint64_t saved = 0;
+  std::map<const GroupSession*, std::map<uint64_t, Region>> next;
+  for (auto& g : groups_) {
+    auto& old = ckpt_[g.get()];
+    auto& regions = next[g.get()];
+    for (const auto& [opcode, payload] : g->creates_) {
+      if (opcode != static_cast<uint16_t>(ir::Opcode::kBufferAlloc)) continue;
+      ir::BufferAllocReq alloc;
+      if (!ir::DecodeRequest(payload, &alloc).ok() || alloc.size == 0) continue;
+      // 2. Per-chunk digests from every replica, compared.
+      const size_t n = g->replicas_.size();
+      std::vector<Result<ir::BufferDigestRep>> digests;
+      for (SessionImpl* s : g->replicas_)
+        digests.push_back(s->Call(ir::BufferDigestReq{.stream = 0, .buffer = alloc.buffer, .offset = 0,
+                                                      .size = alloc.size, .chunk = kChunk, .wait = {}, .signal = 0}));
+      for (size_t i = 0; i < n; ++i) {
+        if (!digests[i].ok()) return digests[i].status();
+        if (digests[i]->digests != digests[0]->digests) {
+          stats.mismatches.fetch_add(1);
+          RollbackAll("replicas disagree on buffer " + std::to_string(alloc.buffer) + " at a checkpoint");
+          return Status(Code::kInternal, "replicas disagreed at the checkpoint: rolled back instead");
+        }
+      }
+      // 3. Only chunks that changed since the last checkpoint are fetched.
+      Region& r = regions[alloc.buffer];
+      r.size = alloc.size;
+      const auto& d = digests[0]->digests;
+      const size_t chunks = d.size() / 2;
+      r.digests.resize(chunks);
+      r.chunks.resize(chunks);
+      auto prev = old.find(alloc.buffer);
+      for (size_t c = 0; c < chunks; ++c) {
+        r.digests[c] = {d[2 * c], d[2 * c + 1]};
+        if (prev != old.end() && c < prev->second.digests.size() && prev->second.digests[c] == r.digests[c] &&
+            prev->second.size == alloc.size) {
+          r.chunks[c] = std::move(prev->second.chunks[c]);
+          continue;
+        }
+        const uint64_t off = c * kChunk, len = std::min<uint64_t>(kChunk, alloc.size - off);
+        Status got = Status(Code::kInternal, "no replica returned the agreed bytes");
+        for (SessionImpl* s : g->replicas_) {  // a flipped transfer is caught by its digest
+          auto rep = s->Call(ir::BufferReadReq{.stream = 0, .buffer = alloc.buffer, .offset = off, .size = len,
+                                               .remote = {}, .wait = {}, .signal = 0});
+          if (rep.ok() && rep->data.size() == len && Hash(rep->data) == r.digests[c]) {
+            r.chunks[c] = std::move(rep->data);
+            got = Status::Ok();
+            break;
+          }
+          stats.mismatches.fetch_add(1);
+        }
+        TANDEM_RETURN_IF_ERROR(got);
+        saved += len;
+      }
+    }
+  }
+  // 4. The cut is complete: it replaces the old one and the log starts again.
+  ckpt_ = std::move(next);
+  for (auto& g : groups_) {
+    g->ckpt_creates_ = g->creates_;
+    g->ckpt_signals_ = g->signals_;
+  }
+  log_.clear();
+  log_bytes_ = 0;
+  last_ckpt_ = Clock::now();
+  stats.checkpoints.fetch_add(1);
+  stats.checkpoint_bytes.fetch_add(saved);
+  stats.checkpoint_ns.fetch_add(static_cast<uint64_t>(std::chrono::nanoseconds(Clock::now() - start).count()));
+  log::Debug("fault tolerance: checkpoint of {} changed bytes in {:.3f} s", saved, Seconds(Clock::now() - start));
+  return Status::Ok();
+}
+
+// A fresh session on `address` in the role of replica i of g: the objects of the checkpoint,
+// its bytes, then (with replay_log) the group's log since.
+Status FaultTolerance::RestoreFresh(GroupSession* g, size_t i, const std::string& address, bool replay_log) {
+  auto opened = source_->Open(address);
+  if (!opened.ok()) return opened.status();
+  SessionImpl* s = opened.value();
+  touched_.insert(g);
+  s->set_forward_output(false);  // kernels replayed must not print twice
+  SessionImpl* old = i < g->replicas_.size() ? g->replicas_[i] : nullptr;
+  if (old) {
+    g->replicas_[i] = s;
+    g->addresses_[i] = address;
+  } else {
+    i = g->replicas_.size();
+    g->replicas_.push_back(s);
+    g->addresses_.push_back(address);
+    g->outvoted_.push_back(0);
+  }
+  g->outvoted_[i] = 0;
+  for (const auto& [opcode, payload] : g->ckpt_creates_) s->PostRaw(opcode, payload, nullptr);
+  // Events that commands before the checkpoint signalled exist again, complete.
+  for (uint64_t e : g->ckpt_signals_) s->Post(ir::MarkerReq{.stream = 0, .barrier = 0, .wait = {}, .signal = e});
+  for (const auto& [buffer, region] : ckpt_[g]) {
+    for (size_t c = 0; c < region.chunks.size(); ++c) {
+      const auto& bytes = region.chunks[c];
+      s->Post(ir::BufferWriteReq{.stream = 0, .buffer = buffer, .offset = c * kChunk, .size = bytes.size(),
+                                 .data = bytes, .remote = {}, .wait = {}, .signal = 0});
+    }
+  }
+  // The bytes went on each device's default stream: they must be in place before any
+  // replayed command on another stream reads them.
+  if (Status st = Quiesce(s, Devices(g)); !st.ok()) {
+    source_->Retire(s);
+    if (old) g->replicas_[i] = old;
+    return st;
+  }
+  uint64_t replayed = 0;
+  if (replay_log) {
+    // Alone in its group, the new replica answers what is still open, where it stood.
+    const bool alone = g->replicas_.size() == 1;
+    for (const LogEntry& e : log_) {
+      if (e.group != g) continue;
+      bool open = false;
+      if (e.op) {
+        std::lock_guard<std::mutex> l(e.op->m);
+        open = !e.op->delivered;
+      }
+      if (open && alone) {
+        Issue(e.op);
+        continue;
+      }
+      if (e.opcode == static_cast<uint16_t>(ir::Opcode::kBufferRead)) continue;  // asked again by ReissueOpen
+      s->PostRaw(e.opcode, e.payload, nullptr);
+      ++replayed;
+    }
+  }
+  Stats::Get().replayed.fetch_add(replayed);
+  Status st = Quiesce(s, Devices(g));
+  s->TakeAsyncErrors();  // the program saw these errors the first time
+  s->set_forward_output(i == 0);
+  if (old) source_->Retire(old);
+  return st;
+}
+
+// Replica `bad` becomes a copy of replica `good`, server to server.
+Status FaultTolerance::CopyFromPeer(GroupSession* g, size_t bad, size_t good) {
+  const auto devices = Devices(g);
+  SessionImpl* to = g->replicas_[bad];
+  SessionImpl* from = g->replicas_[good];
+  touched_.insert(g);
+  TANDEM_RETURN_IF_ERROR(Quiesce(from, devices));
+  TANDEM_RETURN_IF_ERROR(Quiesce(to, devices));
+  uint64_t bytes = 0;
+  for (const auto& [opcode, payload] : g->creates_) {
+    if (opcode != static_cast<uint16_t>(ir::Opcode::kBufferAlloc)) continue;
+    ir::BufferAllocReq alloc;
+    if (!ir::DecodeRequest(payload, &alloc).ok() || alloc.size == 0) continue;
+    // Always direct: this restore must not cross the client's link.
+    const uint64_t transfer = NewTransferId();
+    to->Post(ir::PeerRecvReq{.stream = 0, .buffer = alloc.buffer, .offset = 0, .size = alloc.size,
+                             .peer = from->worker_address(), .transfer = transfer, .wait = {}, .signal = 0});
+    from->Post(ir::PeerSendReq{.stream = 0, .buffer = alloc.buffer, .offset = 0, .size = alloc.size,
+                               .transfer = transfer, .wait = {}, .signal = 0});
+    bytes += alloc.size;
+  }
+  TANDEM_RETURN_IF_ERROR(Quiesce(to, devices));
+  TANDEM_RETURN_IF_ERROR(Quiesce(from, devices));
+  auto errors = to->TakeAsyncErrors();
+  for (const auto& e : errors)
+    if (e.opcode == static_cast<uint32_t>(ir::Opcode::kPeerRecv) || e.opcode == static_cast<uint32_t>(ir::Opcode::kPeerSend))
+      return Status(Code::kInternal, "restoring a replica from its peer failed: " + e.message);
+  from->TakeAsyncErrors();
+  Stats::Get().server_to_server.fetch_add(bytes);
+  Stats::Get().restores.fetch_add(1);
+  return Status::Ok();
+}
+
+void FaultTolerance::RollbackAll(const std::string& why) {
+  const auto start = Clock::now();
+  log::Warn("fault tolerance: {}: every replica rolls back to the checkpoint and replays {} commands", why, log_.size());
+  for (auto& g : groups_) touched_.insert(g.get());
+  Stats::Get().rollbacks.fetch_add(1);
+  for (auto& g : groups_) {
+    if (!g->failed_.ok()) continue;
+    for (size_t i = 0; i < g->replicas_.size(); ++i) {
+      Status st = RestoreFresh(g.get(), i, g->addresses_[i], /*replay_log=*/false);
+      if (!st.ok()) {
+        log::Error("fault tolerance: cannot restore {}: {}", g->addresses_[i], st.message());
+        ReplaceLost(g.get(), i, st.message());
+      }
+    }
+  }
+  // One replay for all groups, in the original order across them.
+  uint64_t replayed = 0;
+  for (const LogEntry& e : log_) {
+    if (!e.group->failed_.ok()) continue;
+    if (e.op) {
+      bool open;
+      {
+        std::lock_guard<std::mutex> l(e.op->m);
+        open = !e.op->delivered;
+      }
+      if (open) {  // answered by the replay: issued where it stood
+        Issue(e.op);
+        continue;
+      }
+      if (e.opcode == static_cast<uint16_t>(ir::Opcode::kBufferRead)) continue;
+    }
+    for (SessionImpl* s : e.group->replicas_) s->PostRaw(e.opcode, e.payload, nullptr);
+    ++replayed;
+  }
+  for (auto& g : groups_) {
+    const auto devices = Devices(g.get());
+    for (SessionImpl* s : g->replicas_) {
+      s->set_forward_output(false);
+      Quiesce(s, devices);
+      s->TakeAsyncErrors();
+    }
+    if (!g->replicas_.empty()) g->replicas_[0]->set_forward_output(true);
+  }
+  Stats::Get().replayed.fetch_add(replayed);
+  Stats::Get().rollback_ns.fetch_add(static_cast<uint64_t>(std::chrono::nanoseconds(Clock::now() - start).count()));
+}
+
+void FaultTolerance::ReplaceLost(GroupSession* g, size_t i, const std::string& why) {
+  const auto start = Clock::now();
+  touched_.insert(g);
+  log::Warn("fault tolerance: replica {} of {} ({}) is lost: {}", i, g->name_, g->addresses_[i], why);
+  while (!spares_.empty()) {
+    const std::string spare = spares_.front();
+    spares_.pop_front();
+    // A survivor holds the current state: copy it over. Otherwise the checkpoint and the log.
+    size_t survivor = g->replicas_.size();
+    for (size_t j = 0; j < g->replicas_.size(); ++j)
+      if (j != i && g->replicas_[j]->health().ok()) survivor = j;
+    Status st;
+    if (survivor < g->replicas_.size()) {
+      auto opened = source_->Open(spare);
+      st = opened.status();
+      if (st.ok()) {
+        SessionImpl* s = opened.value();
+        s->set_forward_output(false);
+        for (const auto& [opcode, payload] : g->creates_) s->PostRaw(opcode, payload, nullptr);
+        for (uint64_t e : g->signals_) s->Post(ir::MarkerReq{.stream = 0, .barrier = 0, .wait = {}, .signal = e});
+        SessionImpl* old = g->replicas_[i];
+        g->replicas_[i] = s;
+        g->addresses_[i] = spare;
+        g->outvoted_[i] = 0;
+        st = CopyFromPeer(g, i, survivor);
+        s->TakeAsyncErrors();
+        if (i == 0) {
+          // The survivor answers as primary from now on; the new replica votes.
+          std::swap(g->replicas_[0], g->replicas_[survivor]);
+          std::swap(g->addresses_[0], g->addresses_[survivor]);
+          g->replicas_[0]->set_forward_output(true);
+        }
+        source_->Retire(old);
+      }
+    } else {
+      st = RestoreFresh(g, i, spare, /*replay_log=*/true);
+    }
+    if (st.ok()) {
+      log::Warn("fault tolerance: {} took over as replica {} of {} in {:.3f} s", spare, i, g->name_,
+                Seconds(Clock::now() - start));
+      Stats::Get().migrations.fetch_add(1);
+      Stats::Get().migration_ns.fetch_add(static_cast<uint64_t>(std::chrono::nanoseconds(Clock::now() - start).count()));
+      return;
+    }
+    log::Error("fault tolerance: spare {} failed: {}", spare, st.message());
+  }
+  // No spare left: with a survivor the group goes on with fewer replicas.
+  if (g->replicas_.size() > 1) {
+    source_->Retire(g->replicas_[i]);
+    g->replicas_.erase(g->replicas_.begin() + static_cast<long>(i));
+    g->addresses_.erase(g->addresses_.begin() + static_cast<long>(i));
+    g->outvoted_.erase(g->outvoted_.begin() + static_cast<long>(i));
+    g->replicas_[0]->set_forward_output(true);
+    log::Error("fault tolerance: no spare server left (TANDEM_SPARE_SERVERS): {} goes on with {} replica(s)",
+               g->name_, g->replicas_.size());
+    return;
+  }
+  FailGroup(g, Status(Code::kServerLost, "server " + g->addresses_[i] + " was lost (" + why +
+                                             ") and no spare server is left (TANDEM_SPARE_SERVERS)"));
+}
+
+void FaultTolerance::FailGroup(GroupSession* g, const Status& why) {
+  log::Error("fault tolerance: {}", why.message());
+  g->failed_ = why;
+  std::vector<std::shared_ptr<Op>> open;
+  {
+    std::lock_guard<std::mutex> l(tasks_mu_);
+    for (auto& [id, op] : open_)
+      if (op->group == g) open.push_back(op);
+  }
+  for (auto& op : open) Deliver(op, why, {});
+}
+
+void FaultTolerance::OnMismatch(const std::shared_ptr<Op>& op, std::vector<size_t> outvoted, bool majority) {
+  GroupSession* g = op->group;
+  Stats::Get().mismatches.fetch_add(1);
+  if (majority) {
+    // N >= 3: only the outvoted replicas are restored, from one that won.
+    size_t good = 0;
+    while (std::find(outvoted.begin(), outvoted.end(), good) != outvoted.end()) ++good;
+    for (size_t bad : outvoted) {
+      if (bad >= g->replicas_.size()) continue;
+      if (++g->outvoted_[bad] >= config_.max_retries && !spares_.empty()) {
+        ReplaceLost(g, bad, "outvoted " + std::to_string(g->outvoted_[bad]) + " times in a row");
+        continue;
+      }
+      Status st = CopyFromPeer(g, bad, good);
+      if (!st.ok()) ReplaceLost(g, bad, st.message());
+    }
+    return;
+  }
+  if (++mismatch_streak_ > config_.max_retries) {
+    if (g->replicas_.size() == 2 && !spares_.empty()) {
+      // A third voter finds the bad replica.
+      const std::string spare = spares_.front();
+      spares_.pop_front();
+      log::Warn("fault tolerance: {} mismatches in a row on {}: {} joins as a third voter", mismatch_streak_, g->name_,
+                spare);
+      Status st = RestoreFresh(g, 2, spare, /*replay_log=*/true);
+      if (!st.ok()) log::Error("fault tolerance: third voter {} failed: {}", spare, st.message());
+      mismatch_streak_ = 0;
+      return;  // ReissueOpen asks again, now with three voters
+    }
+    // Every replica disagrees even after rollbacks: the program itself is nondeterministic.
+    ir::BufferReadReq read;
+    (void)ir::DecodeRequest(op->payload, &read);
+    std::string kernel = "none";
+    for (auto it = log_.rbegin(); it != log_.rend(); ++it) {
+      if (it->group != g || it->opcode != static_cast<uint16_t>(ir::Opcode::kLaunch)) continue;
+      const uint64_t fn = FirstU64(it->payload, 8);  // LaunchReq: stream, function, ...
+      for (const auto& [opcode, payload] : g->creates_) {
+        ir::FunctionGetReq get;
+        if (opcode == static_cast<uint16_t>(ir::Opcode::kFunctionGet) && ir::DecodeRequest(payload, &get).ok() &&
+            get.function == fn)
+          kernel = get.name;
+      }
+      break;
+    }
+    mismatch_streak_ = 0;
+    Deliver(op, Status(Code::kInternal, "the replicas of " + g->name_ + " keep disagreeing on buffer " +
+                                            std::to_string(read.buffer) + " [" + std::to_string(read.offset) + ", +" +
+                                            std::to_string(read.size) + ") after " + std::to_string(config_.max_retries) +
+                                            " rollbacks: the result is nondeterministic (last kernel: " + kernel + ")"),
+            {});
+    return;
+  }
+  RollbackAll("replicas of " + g->name_ + " disagree on a read back");
+}
+
+}  // namespace tandem::client

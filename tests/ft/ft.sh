@@ -1,0 +1,185 @@
+#!/usr/bin/env bash
+# Fault tolerance end to end, on real tandemd servers over 127.0.0.1 (OpenCL backend over
+# the machine's native OpenCL: PoCL in CI). The program (iterate, an ordinary OpenCL program
+# that keeps its state on the device for hundreds of kernel/read-back rounds) runs natively
+# once, then through Tandem under a fault; its stdout must be byte-identical to the native one.
+#
+#   ft.sh SCENARIO BUILD_DIR
+#     kill      one server kill -9'ed at a random moment, a spare available (FT_REPS times, default 20)
+#     stop      one server SIGSTOPped: detected and migrated within 2x TANDEM_FAILOVER_TIMEOUT_MS
+#     bitflip2  --inject-bitflip on one of 2 replicas: every flip detected, none in the output
+#     bitflip3  the same with 3 replicas: no global rollback
+#     control   the same flips without redundancy: the output must differ (so the test can fail)
+# After each run the surviving servers must hold no session of the finished program (each
+# session is a worker process; its exit frees everything).
+set -u -o pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+source "$HERE/../../scripts/lib/tandemd.sh"
+source "$HERE/../../scripts/lib/opencl-vendors.sh"
+
+scenario=${1:-}; BUILD=${2:-}
+fail() { echo "ft: FAIL: $*" >&2; exit 1; }
+note() { echo "ft: $*" >&2; }
+TANDEMD=$BUILD/server/tandemd TANDEM=$BUILD/tools/tandem PROG=$BUILD/tests/ft/ft_iterate
+for f in "$TANDEMD" "$TANDEM" "$PROG"; do [[ -x $f ]] || fail "not built: $f"; done
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/tandem-ft.XXXXXX") || fail mktemp
+declare -A PID ADDR
+cleanup() {
+  local rc=$? name
+  for name in "${!PID[@]}"; do
+    kill -CONT -- "-${PID[$name]}" 2>/dev/null
+    stop_tandemd "${PID[$name]}"
+  done
+  if ((rc != 0)); then
+    for f in "$work"/*.err "$work"/*.log; do [[ -s $f ]] && { echo "---- $f (last 25 lines)"; tail -25 "$f"; } >&2; done
+  fi
+  rm -rf "$work"
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+NATIVE=$(native_opencl_vendors "$work") || fail "no native OpenCL"
+NATIVE_LIBS=$(icd_libs "$NATIVE")
+export POCL_CACHE_DIR=${POCL_CACHE_DIR:-$work/pocl-cache}
+mkdir -p "$POCL_CACHE_DIR"
+unset OCL_ICD_FILENAMES TANDEM_SERVERS LD_PRELOAD TANDEM_REDUNDANCY TANDEM_SPARE_SERVERS
+export TANDEM_CONNECT_TIMEOUT_MS=5000
+ROUNDS=${FT_ROUNDS:-300}
+ARGS=(--rounds "$ROUNDS" --sleep-ms "${FT_SLEEP_MS:-5}")
+
+# start NAME [tandemd options...]: a server in its own process group.
+start() {
+  local name=$1 port tries; shift
+  for tries in 1 2 3; do
+    port=$(free_port)
+    ADDR[$name]=127.0.0.1:$port
+    OCL_ICD_VENDORS=$NATIVE OCL_ICD_FILENAMES=$NATIVE_LIBS setsid "$TANDEMD" --listen "${ADDR[$name]}" \
+      --backend opencl "$@" >"$work/$name.log" 2>&1 &
+    PID[$name]=$!
+    local deadline=$((SECONDS + 30))
+    while ((SECONDS < deadline)) && kill -0 "${PID[$name]}" 2>/dev/null; do
+      TANDEM_CONNECT_TIMEOUT_MS=2000 "$TANDEM" info --servers "${ADDR[$name]}" >/dev/null 2>&1 && return 0
+      sleep 0.2
+    done
+    stop_tandemd "${PID[$name]}"
+  done
+  fail "tandemd $name did not start"
+}
+stop() { stop_tandemd "${PID[$1]}"; unset "PID[$1]"; }
+
+# sessions NAME: live session workers of a server.
+sessions() { pgrep -P "${PID[$1]}" 2>/dev/null | wc -l; }
+# no_leaks NAME...: each server's sessions end within 10 s of the program's exit.
+no_leaks() {
+  local name deadline
+  for name in "$@"; do
+    deadline=$((SECONDS + 10))
+    while (($(sessions "$name") > 0)); do
+      ((SECONDS < deadline)) || fail "$name still holds $(sessions "$name") session(s) of the finished program"
+      sleep 0.2
+    done
+  done
+}
+
+# wait_session NAME PID: until the program (PID) has a session on the server.
+wait_session() {
+  local deadline=$((SECONDS + 30))
+  while (($(sessions "$1") == 0)); do
+    kill -0 "$2" 2>/dev/null || return 0
+    ((SECONDS < deadline)) || fail "the program never opened a session on $1"
+    sleep 0.02
+  done
+}
+
+run_tandem() {  # run_tandem OUT [VAR=VALUE...]: the program through Tandem (stderr in OUT.err)
+  local out=$1; shift
+  env TANDEM_STATS=1 "$@" timeout -k 5 300 "$TANDEM" run -- "$PROG" "${ARGS[@]}" >"$out" 2>"$out.err"
+}
+stat_of() { grep -o "$2 [0-9]*\|[0-9]* $2" "$1" | grep -o "[0-9]*" | head -1; }
+flips() { grep -c "fault injection: flipped" "$work/$1.log"; }
+
+OCL_ICD_VENDORS=$NATIVE OCL_ICD_FILENAMES=$NATIVE_LIBS timeout 300 "$PROG" "${ARGS[@]}" >"$work/native.out" ||
+  fail "the native run failed"
+[[ $(grep -c '^round' "$work/native.out") -ge 4 ]] || fail "the native run printed too little"
+
+case $scenario in
+kill)
+  reps=${FT_REPS:-20}
+  for rep in $(seq 1 "$reps"); do
+    start a; start spare
+    export TANDEM_SERVERS=${ADDR[a]} TANDEM_SPARE_SERVERS=${ADDR[spare]} TANDEM_CHECKPOINT_PERIOD=0.3
+    run_tandem "$work/rep.out" TANDEM_FAILOVER_TIMEOUT_MS=2000 &
+    runner=$!
+    # A random moment of the run (0 .. 1.2 s after its session started): the broker and its
+    # session worker die.
+    wait_session a "$runner"
+    sleep "${FT_KILL_AT:-$(awk -v r=$RANDOM 'BEGIN { printf "%.2f", (r % 120) / 100 }')}"
+    kill -KILL -- "-${PID[a]}" 2>/dev/null
+    wait "$runner"; rc=$?
+    ((rc == 0)) || fail "rep $rep: the program failed (exit $rc)"
+    cmp -s "$work/native.out" "$work/rep.out" || { diff "$work/native.out" "$work/rep.out" | head -40 >&2; fail "rep $rep: output differs"; }
+    migrations=$(grep -c "took over\|unreachable at start-up" "$work/rep.out.err")
+    ((migrations >= 1)) || fail "rep $rep: the kill came after the program ended: nothing was tested"
+    note "rep $rep: identical output; migrations: $migrations"
+    unset "PID[a]"
+    no_leaks spare
+    stop spare
+  done
+  ;;
+stop)
+  start a; start spare
+  timeout_ms=${FT_TIMEOUT_MS:-3000}
+  export TANDEM_SERVERS=${ADDR[a]} TANDEM_SPARE_SERVERS=${ADDR[spare]} TANDEM_CHECKPOINT_PERIOD=0.3
+  run_tandem "$work/run.out" TANDEM_FAILOVER_TIMEOUT_MS=$timeout_ms &
+  runner=$!
+  wait_session a "$runner"
+  sleep 0.5
+  kill -STOP -- "-${PID[a]}"
+  t0=$(date +%s%N)
+  took=""
+  while kill -0 "$runner" 2>/dev/null; do
+    if [[ -z $took ]] && grep -q "took over" "$work/run.out.err" 2>/dev/null; then took=$(date +%s%N); fi
+    sleep 0.02
+  done
+  wait "$runner"; rc=$?
+  [[ -n $took ]] || took=$(date +%s%N)
+  ((rc == 0)) || fail "the program failed (exit $rc)"
+  cmp -s "$work/native.out" "$work/run.out" || fail "output differs"
+  grep -q "took over" "$work/run.out.err" || fail "no migration happened"
+  ms=$(((took - t0) / 1000000))
+  note "SIGSTOP to migrated: $ms ms (timeout $timeout_ms ms)"
+  ((ms <= 2 * timeout_ms)) || fail "migration took $ms ms, more than 2x the $timeout_ms ms timeout"
+  no_leaks spare
+  ;;
+bitflip2 | bitflip3)
+  n=${scenario#bitflip}
+  start a --inject-bitflip "${FT_FLIP_RATE:-0.02}"; start b
+  servers=${ADDR[a]},${ADDR[b]}
+  if ((n == 3)); then start c; servers=$servers,${ADDR[c]}; fi
+  export TANDEM_SERVERS=$servers TANDEM_REDUNDANCY=$n TANDEM_CHECKPOINT_PERIOD=0.5
+  run_tandem "$work/run.out" || fail "the program failed"
+  cmp -s "$work/native.out" "$work/run.out" || { diff "$work/native.out" "$work/run.out" | head >&2; fail "output differs"; }
+  injected=$(flips a)
+  found=$(grep -o "[0-9]* mismatches" "$work/run.out.err" | grep -o "^[0-9]*")
+  rollbacks=$(grep -o "[0-9]* rollbacks" "$work/run.out.err" | grep -o "^[0-9]*")
+  note "N=$n: $injected flips injected, ${found:-0} mismatches detected, ${rollbacks:-0} rollbacks; output identical"
+  ((injected > 0)) || fail "no flip was injected: raise FT_FLIP_RATE"
+  ((${found:-0} >= injected)) || fail "$injected flips injected but only ${found:-0} detected"
+  if ((n == 3)); then ((${rollbacks:-0} == 0)) || fail "N=3 rolled back ${rollbacks} times"; fi
+  no_leaks a b
+  ;;
+control)
+  start a --inject-bitflip "${FT_FLIP_RATE:-0.02}"
+  export TANDEM_SERVERS=${ADDR[a]}
+  run_tandem "$work/run.out" || fail "the program failed"
+  injected=$(flips a)
+  ((injected > 0)) || fail "no flip was injected"
+  if cmp -s "$work/native.out" "$work/run.out"; then fail "$injected flips without redundancy left the output intact: the test could not fail"; fi
+  note "without redundancy $injected flips corrupt the output, as they must"
+  no_leaks a
+  ;;
+*) fail "unknown scenario '$scenario'" ;;
+esac
+note "$scenario: PASS"
