@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Fault tolerance end to end, on real tandemd servers over 127.0.0.1 (OpenCL backend over
-# the machine's native OpenCL: PoCL in CI). The program (iterate, an ordinary OpenCL program
+# the machine's native OpenCL: PoCL in CI; FT_API=cuda: the CUDA backend and the CUDA
+# variant of the program, several tandemd on the one GPU). The program (iterate, an ordinary OpenCL program
 # that keeps its state on the device for hundreds of kernel/read-back rounds) runs natively
 # once, then through Tandem under a fault; its stdout must be byte-identical to the native one.
 #
@@ -20,7 +21,13 @@ source "$HERE/../../scripts/lib/opencl-vendors.sh"
 scenario=${1:-}; BUILD=${2:-}
 fail() { echo "ft: FAIL: $*" >&2; exit 1; }
 note() { echo "ft: $*" >&2; }
+API=${FT_API:-opencl}
 TANDEMD=$BUILD/server/tandemd TANDEM=$BUILD/tools/tandem PROG=$BUILD/tests/ft/ft_iterate
+if [[ $API == cuda ]]; then
+  # The CUDA variant needs a GPU: skipped (77) elsewhere.
+  nvidia-smi -L 2>/dev/null | grep -q '^GPU' || { echo "ft: no GPU: CUDA scenario skipped" >&2; exit 77; }
+  PROG=$BUILD/tests/ft/ft_iterate_cuda
+fi
 for f in "$TANDEMD" "$TANDEM" "$PROG"; do [[ -x $f ]] || fail "not built: $f"; done
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/tandem-ft.XXXXXX") || fail mktemp
@@ -56,7 +63,7 @@ start() {
     port=$(free_port)
     ADDR[$name]=127.0.0.1:$port
     OCL_ICD_VENDORS=$NATIVE OCL_ICD_FILENAMES=$NATIVE_LIBS setsid "$TANDEMD" --listen "${ADDR[$name]}" \
-      --backend opencl "$@" >"$work/$name.log" 2>&1 &
+      --backend "$API" "$@" >"$work/$name.log" 2>&1 &
     PID[$name]=$!
     local deadline=$((SECONDS + 30))
     while ((SECONDS < deadline)) && kill -0 "${PID[$name]}" 2>/dev/null; do
@@ -100,8 +107,12 @@ run_tandem() {  # run_tandem OUT [VAR=VALUE...]: the program through Tandem (std
 stat_of() { grep -o "$2 [0-9]*\|[0-9]* $2" "$1" | grep -o "[0-9]*" | head -1; }
 flips() { grep -c "fault injection: flipped" "$work/$1.log"; }
 
-OCL_ICD_VENDORS=$NATIVE OCL_ICD_FILENAMES=$NATIVE_LIBS timeout 300 "$PROG" "${ARGS[@]}" >"$work/native.out" ||
-  fail "the native run failed"
+if [[ $API == cuda ]]; then
+  timeout 300 "$PROG" "${ARGS[@]}" >"$work/native.out" || fail "the native run failed"
+else
+  OCL_ICD_VENDORS=$NATIVE OCL_ICD_FILENAMES=$NATIVE_LIBS timeout 300 "$PROG" "${ARGS[@]}" >"$work/native.out" ||
+    fail "the native run failed"
+fi
 [[ $(grep -c '^round' "$work/native.out") -ge 4 ]] || fail "the native run printed too little"
 
 case $scenario in
