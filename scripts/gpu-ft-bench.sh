@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The confirming run on the 2-GPU machine kind: DS-CUDA's fault-tolerance overhead table on
+# the REMD example (bench/ft_overhead.sh, one replica per GPU) and the server-to-server copy
+# rows of the benchmark with the two servers on different GPUs. Builds only what it needs.
+#   device tool: run(command="bash scripts/gpu-ft-bench.sh", kind="nvidia-h200-x2", carry=[".deps"])
+set -uo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+OUT=${OUT:-$ROOT/gpu-out}
+B=${TANDEM_BUILD_DIR:-/tmp/tandem-gpu2}
+mkdir -p "$OUT"
+{ nvidia-smi -L; nproc; } 2>&1 | tee "$OUT/machine.txt"
+cmake -S "$ROOT" -B "$B" -G Ninja -DTANDEM_WERROR=OFF >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
+ninja -C "$B" tandemd tandem tandem_cudart tandem_opencl tandem_cuda_workloads >"$OUT/build.log" 2>&1 ||
+  { grep -E "error|FAILED" "$OUT/build.log" | head -30; exit 1; }
+timeout 540 bash "$ROOT/bench/ft_overhead.sh" "$B" "$OUT/ft" "${REMD_STEPS:-150000}"
+echo "ft_overhead: exit $?"
+tar -czf "$OUT/ft-logs.tar.gz" -C "$OUT" ft 2>/dev/null && rm -rf "$OUT/ft/"*.log
