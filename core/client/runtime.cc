@@ -178,7 +178,8 @@ class RuntimeImpl final : public Runtime, public SessionSource {
     return out;
   }
   template <class Req>
-  Result<typename Req::Reply> Exchange(fabric::PeerId peer, const Req& req, const std::string& server);
+  Result<typename Req::Reply> Exchange(fabric::PeerId peer, const Req& req, const std::string& server,
+                                       uint16_t flags = 0);
   void ReceiveLoop();
   void FlushLoop();
   void WakeFlusher();
@@ -359,7 +360,8 @@ void RuntimeImpl::Init() {
 }
 
 template <class Req>
-Result<typename Req::Reply> RuntimeImpl::Exchange(fabric::PeerId peer, const Req& req, const std::string& server) {
+Result<typename Req::Reply> RuntimeImpl::Exchange(fabric::PeerId peer, const Req& req, const std::string& server,
+                                                  uint16_t flags) {
   std::shared_ptr<Mailbox> box;
   if (receiving_.load()) {
     box = std::make_shared<Mailbox>();
@@ -377,7 +379,7 @@ Result<typename Req::Reply> RuntimeImpl::Exchange(fabric::PeerId peer, const Req
     }
   } unregister{this, peer, box != nullptr};
   ir::BatchWriter bw(ir::BatchKind::kRequests);
-  bw.AddRequest(req, 1);
+  bw.AddRequest(req, 1, flags);
   TANDEM_RETURN_IF_ERROR(ep_->Send(peer, bw.Finish()));
   auto deadline = std::chrono::steady_clock::now() + connect_timeout_;
   for (;;) {
@@ -430,7 +432,8 @@ Status RuntimeImpl::Connect(const std::string& server, SessionImpl** out) {
                             std::to_string(hello->session_port);
   auto worker = ep_->Connect(worker_addr, connect_timeout_);
   if (!worker.ok()) return worker.status();
-  auto attach = Exchange(*worker, ir::AttachReq{.session_key = hello->session_key}, server);
+  // Resumable: a link that breaks while the worker lives is re-established (SessionImpl).
+  auto attach = Exchange(*worker, ir::AttachReq{.session_key = hello->session_key}, server, kRecordResumable);
   if (!attach.ok()) {
     ep_->Close(*worker);
     return attach.status();
@@ -438,7 +441,7 @@ Status RuntimeImpl::Connect(const std::string& server, SessionImpl** out) {
   log::Info("connected to {} ({}, {} devices, session port {})", server, attach->backend, attach->device_count,
             hello->session_port);
   auto s = std::make_unique<SessionImpl>(ep_.get(), *worker, server, worker_addr, attach->backend,
-                                         [this] { WakeFlusher(); });
+                                         [this] { WakeFlusher(); }, hello->session_key);
   s->device_count_hint = attach->device_count;
   if (ft_) s->set_lost_hook([ft = ft_.get()](SessionImpl* lost) { ft->OnSessionLost(lost); });
   if (out) *out = s.get();
@@ -498,7 +501,8 @@ void RuntimeImpl::ReceiveLoop() {
       log::Debug("message from an unknown peer {} dropped", ev->peer);
       continue;
     }
-    if (ev->kind == fabric::EventKind::kPeerLost) target->OnLost(Status(Code::kServerLost, ev->status.message()));
+    if (ev->kind == fabric::EventKind::kPeerLost)
+      target->OnLinkLost(ev->peer, Status(Code::kServerLost, ev->status.message()));
     else target->OnMessage(ev->data);
   }
 }

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstring>
 #include <cstdio>
+#include <thread>
 
 #include "stats.h"
 #include "tandem/log.h"
@@ -25,6 +26,22 @@ long EnvMillis(const char* name, long fallback) {
   char* end = nullptr;
   long ms = std::strtol(v, &end, 10);
   return (end && *end == 0 && ms >= 0) ? ms : fallback;
+}
+
+// Unacknowledged request bytes past which an idle link is pinged for an Ack.
+constexpr size_t kUnackedSoft = 16u << 20;
+
+// Test only: TANDEM_TEST_CUT_LINK_AFTER=N closes each session's connection abruptly after
+// every N-th batch it sent, at most TANDEM_TEST_CUT_LINK_TIMES times (default 3), to
+// exercise the reconnect and resume path. Never set it in production.
+struct TestCut {
+  uint64_t every = 0;
+  int times = 0;
+};
+const TestCut& TestCutFromEnv() {
+  static const TestCut cut{static_cast<uint64_t>(EnvMillis("TANDEM_TEST_CUT_LINK_AFTER", 0)),
+                           static_cast<int>(EnvMillis("TANDEM_TEST_CUT_LINK_TIMES", 3))};
+  return cut;
 }
 
 }  // namespace
@@ -54,10 +71,10 @@ Clock::duration FailoverTimeout() {
 }
 
 SessionImpl::SessionImpl(fabric::Endpoint* ep, fabric::PeerId peer, std::string server, std::string worker_address,
-                         std::string backend, std::function<void()> wake_flusher)
+                         std::string backend, std::function<void()> wake_flusher, uint64_t session_key)
     : ep_(ep), peer_(peer), server_(std::move(server)), worker_address_(std::move(worker_address)),
       backend_(std::move(backend)),
-      wake_flusher_(std::move(wake_flusher)) {}
+      wake_flusher_(std::move(wake_flusher)), session_key_(session_key) {}
 
 uint64_t SessionImpl::PostRaw(uint16_t opcode, std::vector<uint8_t> payload, RawReplyFn fn) {
   std::unique_lock<std::mutex> lock(mu_);
@@ -68,8 +85,6 @@ uint64_t SessionImpl::PostRaw(uint16_t opcode, std::vector<uint8_t> payload, Raw
     else log::Warn("{}: dropped {} ({})", server_, ir::CommandName(opcode), why.message());
     return 0;
   }
-  uint64_t seq = next_seq_++;
-  if (log::TraceEnabled()) log::Trace("-> {} #{} {}", server_, seq, ir::TraceRequest(opcode, payload));
   const ir::CommandInfo* info = ir::FindCommand(opcode);
   const bool urgent = info && (info->flags & ir::kUrgent);
   // An urgent command travels alone: what was queued before it leaves first.
@@ -83,6 +98,10 @@ uint64_t SessionImpl::PostRaw(uint16_t opcode, std::vector<uint8_t> payload, Raw
       return 0;
     }
   }
+  // Numbered here, in the same critical section that queues it: batches then hold rising
+  // seqs and leave in seq order, which the worker's duplicate filter relies on.
+  uint64_t seq = next_seq_++;
+  if (log::TraceEnabled()) log::Trace("-> {} #{} {}", server_, seq, ir::TraceRequest(opcode, payload));
   bool was_empty = batch_.empty();
   if (was_empty) batch_started_ = Clock::now();
   if (opcode != static_cast<uint16_t>(ir::Opcode::kPing) && opcode != static_cast<uint16_t>(ir::Opcode::kWarm))
@@ -112,18 +131,44 @@ Status SessionImpl::FlushLocked(std::unique_lock<std::mutex>& lock) {
     return h;
   }
   std::vector<uint8_t> msg = batch_.Finish();
+  const uint64_t top = next_seq_ - 1;  // every seq below next_seq_ is in this batch or an earlier one
   last_send_ = Clock::now();
   Stats::Get().messages_sent.fetch_add(1, std::memory_order_relaxed);
   Stats::Get().bytes_sent.fetch_add(msg.size(), std::memory_order_relaxed);
   Status st;
+  fabric::PeerId to = 0;
+  bool cut = false;
   {
     // Taken before the state lock is released, so batches leave in seq order.
     std::lock_guard<std::mutex> send_lock(send_mu_);
     lock.unlock();
-    st = ep_->Send(peer_, std::move(msg));
+    to = peer_.load();
+    if (session_key_) {
+      // Kept until the worker acknowledges it: a reconnect sends it again.
+      std::lock_guard<std::mutex> l(unacked_mu_);
+      unacked_bytes_ += msg.size();
+      unacked_size_.store(unacked_bytes_, std::memory_order_relaxed);
+      unacked_.push_back({top, msg});
+    }
+    if (link_down_.load()) return Status::Ok();  // a reconnect is under way: it sends the batch
+    st = ep_->Send(to, std::move(msg));
+    const TestCut& test = TestCutFromEnv();
+    if (st.ok() && session_key_ && test.every && ++sends_ % test.every == 0 && cuts_ < test.times) {
+      ++cuts_;
+      cut = true;
+      log::Warn("{}: test: cutting the link after {} batches (TANDEM_TEST_CUT_LINK_AFTER)", server_, sends_);
+      ep_->Close(to);  // test only: the connection drops under the program
+    }
   }
   // Outside both locks: OnLost takes the state lock and runs the waiters' callbacks.
-  if (!st.ok()) OnLost(Status(Code::kLinkLost, "sending to " + server_ + " failed: " + st.message()));
+  if (cut) {
+    OnLinkLost(to, Status(Code::kLinkLost, "cut on purpose (TANDEM_TEST_CUT_LINK_AFTER, a test-only setting)"));
+    return Status::Ok();
+  }
+  if (!st.ok()) {
+    OnLinkLost(to, Status(Code::kLinkLost, "sending to " + server_ + " failed: " + st.message()));
+    if (session_key_) return Status::Ok();  // resent after the reconnect, or failed by OnLost
+  }
   return st;
 }
 
@@ -184,9 +229,52 @@ void SessionImpl::OnMessage(std::span<const uint8_t> msg) {
     log::Error("{}: malformed reply batch: {}", server_, st.message());
     return;
   }
+  // A resumable session's reply batches end with an Ack: which requests the worker took,
+  // and the batch's number (one already seen was sent again after a reconnect: dropped).
+  if (!records.empty() && records.back().header.seq == 0 &&
+      records.back().header.opcode == static_cast<uint16_t>(ir::Opcode::kAck)) {
+    ir::AckReq ack;
+    Status as = ir::DecodeRequest(records.back().payload, &ack);
+    records.pop_back();
+    if (!as.ok()) {
+      log::Error("{}: malformed Ack: {}", server_, as.message());
+    } else {
+      if (ack.reply_no <= replies_received_.load()) {
+        log::Debug("{}: reply batch {} received twice: dropped", server_, ack.reply_no);
+        return;
+      }
+      replies_received_.store(ack.reply_no);
+      Trim(ack.executed);
+    }
+  }
   for (const ir::Record& rec : records) {
     if (rec.header.seq == 0 && rec.header.opcode == static_cast<uint16_t>(ir::Opcode::kOutput)) {
       ForwardOutput(rec.payload);
+      continue;
+    }
+    if (rec.header.opcode == static_cast<uint16_t>(ir::Opcode::kResume) ||
+        (rec.header.seq == 0 && rec.header.opcode == 0)) {
+      // The answer to a reconnect's Resume (or the worker refusing the new connection).
+      ir::ResumeRep rep;
+      ir::PingRep refusal;
+      ir::ReplyHead head;
+      Status rs = rec.header.opcode == 0 ? ir::DecodeReply(rec.payload, &head, &refusal)
+                                         : ir::DecodeReply(rec.payload, &head, &rep);
+      std::lock_guard<std::mutex> lock(mu_);
+      if (resume_state_ != ResumeState::kWaiting) {
+        log::Warn("{}: unexpected {} record: {}", server_, ir::CommandName(rec.header.opcode),
+                  rs.ok() ? head.status.ToString() : rs.ToString());
+        continue;
+      }
+      if (rs.ok() && head.status.ok() && rec.header.opcode != 0) {
+        resume_state_ = ResumeState::kOk;
+        resume_executed_ = rep.executed;
+      } else {
+        resume_state_ = ResumeState::kRefused;
+        resume_error_ = rs.ok() ? head.status : rs;
+      }
+      last_recv_ = Clock::now();
+      resume_cv_.notify_all();
       continue;
     }
     ir::Reader r(rec.payload);
@@ -252,6 +340,143 @@ void SessionImpl::OnLost(const Status& why) {
   log::Error("lost server {}: {}", server_, why.message());
   for (auto& [seq, fn] : failed) fn(why, {});
   if (lost_hook_) lost_hook_(this);
+}
+
+void SessionImpl::OnLinkLost(fabric::PeerId peer, const Status& why) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!health_.ok() || peer != peer_.load()) return;  // an old connection, or nothing to save
+    if (session_key_) {
+      if (reconnecting_) {  // the connection a reconnect is resuming on broke
+        if (resume_state_ == ResumeState::kWaiting) {
+          resume_state_ = ResumeState::kFailed;
+          resume_error_ = why;
+          resume_cv_.notify_all();
+        }
+        return;
+      }
+      reconnecting_ = true;
+      link_down_.store(true);
+    }
+  }
+  if (!session_key_) return OnLost(why);
+  log::Warn("{}: link lost ({}); reconnecting to its session worker at {}", server_, why.message(), worker_address_);
+  ep_->Close(peer);
+  std::thread([this, why] { Reconnect(why); }).detach();
+}
+
+void SessionImpl::Trim(uint64_t executed) {
+  std::lock_guard<std::mutex> l(unacked_mu_);
+  while (!unacked_.empty() && unacked_.front().top <= executed) {
+    unacked_bytes_ -= unacked_.front().msg.size();
+    unacked_.pop_front();
+  }
+  unacked_size_.store(unacked_bytes_, std::memory_order_relaxed);
+}
+
+bool SessionImpl::Resend(fabric::PeerId peer, uint64_t executed, size_t* resent) {
+  Trim(executed);
+  std::vector<std::vector<uint8_t>> again;
+  {
+    std::lock_guard<std::mutex> l(unacked_mu_);
+    for (const Unacked& u : unacked_) again.push_back(u.msg);
+  }
+  *resent = 0;
+  for (auto& msg : again) {
+    const size_t n = msg.size();
+    Status st = ep_->Send(peer, std::move(msg));
+    if (!st.ok()) {
+      log::Debug("{}: resending a batch: {}", server_, st.ToString());
+      return false;
+    }
+    Stats::Get().messages_sent.fetch_add(1, std::memory_order_relaxed);
+    Stats::Get().bytes_sent.fetch_add(n, std::memory_order_relaxed);
+    ++*resent;
+  }
+  return true;
+}
+
+// Runs on a thread of its own: Connect waits, and the receiver must go on delivering the
+// new connection's answer.
+void SessionImpl::Reconnect(Status why) {
+  const auto start = Clock::now();
+  const auto deadline = start + FailoverTimeout();
+  const auto ms = [](Clock::duration d) { return std::chrono::duration_cast<std::chrono::milliseconds>(d); };
+  Status last = why;
+  int attempts = 0;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!health_.ok()) return;  // closed meanwhile (fault tolerance retired it)
+    }
+    const auto left = deadline - Clock::now();
+    if (left <= Clock::duration::zero()) break;
+    ++attempts;
+    auto peer = ep_->Connect(worker_address_, std::min(ms(left), std::chrono::milliseconds(2000)));
+    if (!peer.ok()) {
+      last = peer.status();
+      std::this_thread::sleep_for(std::min<Clock::duration>(std::chrono::milliseconds(100), deadline - Clock::now()));
+      continue;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      peer_.store(*peer);  // its messages now reach this session
+      resume_state_ = ResumeState::kWaiting;
+    }
+    ir::BatchWriter bw(ir::BatchKind::kRequests);
+    bw.AddRequest(ir::ResumeReq{.session_key = session_key_, .received = replies_received_.load()}, 0);
+    Status st = ep_->Send(*peer, bw.Finish());
+    ResumeState state = ResumeState::kFailed;
+    uint64_t executed = 0;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (st.ok()) {
+        resume_cv_.wait_until(lock, std::min(deadline, Clock::now() + std::chrono::seconds(5)),
+                              [&] { return resume_state_ != ResumeState::kWaiting; });
+        state = resume_state_;
+        last = state == ResumeState::kWaiting ? Status(Code::kTimeout, "no answer to Resume") : resume_error_;
+      } else {
+        last = st;
+      }
+      executed = resume_executed_;
+      resume_state_ = ResumeState::kIdle;
+    }
+    if (state == ResumeState::kOk) {
+      size_t resent = 0;
+      bool sent;
+      {
+        std::lock_guard<std::mutex> send_lock(send_mu_);
+        sent = Resend(*peer, executed, &resent);
+        if (sent) link_down_.store(false);
+      }
+      if (sent) {
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          reconnecting_ = false;
+          last_recv_ = Clock::now();
+        }
+        Stats::Get().reconnects.fetch_add(1, std::memory_order_relaxed);
+        Stats::Get().resent.fetch_add(resent, std::memory_order_relaxed);
+        log::Warn("{}: reconnected to its session worker after {} ms ({} attempts); {} unacknowledged batches resent",
+                  server_, ms(Clock::now() - start).count(), attempts, resent);
+        wake_flusher_();  // what was queued meanwhile leaves now
+        return;
+      }
+      last = Status(Code::kLinkLost, "the resumed connection broke while resending");
+    }
+    ep_->Close(*peer);
+    if (state == ResumeState::kRefused) break;  // the worker cannot take the session back
+    std::this_thread::sleep_for(std::min<Clock::duration>(std::chrono::milliseconds(100),
+                                                          std::max<Clock::duration>(deadline - Clock::now(), {})));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    reconnecting_ = false;
+  }
+  OnLost(Status(Code::kServerLost, fmt::format("link lost ({}) and its session worker at {} did not take it back "
+                                               "within {} ms: {}",
+                                               why.message(), worker_address_, ms(FailoverTimeout()).count(),
+                                               last.message())));
 }
 
 void SessionImpl::NoteUse(uint16_t opcode, std::span<const uint8_t> payload) {
@@ -320,6 +545,11 @@ void SessionImpl::Close(const Status& why) {
 Clock::duration SessionImpl::Tick(Clock::time_point now) {
   std::unique_lock<std::mutex> lock(mu_);
   if (!health_.ok()) return kPingInterval;
+  if (reconnecting_) {
+    // The reconnect owns the deadline; batches are only kept meanwhile.
+    if (!batch_.empty()) FlushLocked(lock);
+    return std::chrono::milliseconds(50);
+  }
   // Liveness first, so a session kept busy by a posting thread still notices a server
   // that stopped answering.
   if (ping_outstanding_ && now - last_recv_ > FailoverTimeout()) {
@@ -343,7 +573,10 @@ Clock::duration SessionImpl::Tick(Clock::time_point now) {
   }
   // Probe a link that has been quiet for a while: when idle, or when replies are awaited.
   const bool awaited = !pending_.empty();
-  if (!ping_outstanding_ && now - last_recv_ > kPingInterval && (awaited || now - last_send_ > kPingInterval)) {
+  // A stream of commands that need no reply gets no Ack: a ping asks for one.
+  const bool unacked = unacked_size_.load(std::memory_order_relaxed) > kUnackedSoft;
+  if (!ping_outstanding_ &&
+      (unacked || (now - last_recv_ > kPingInterval && (awaited || now - last_send_ > kPingInterval)))) {
     ping_outstanding_ = true;
     lock.unlock();
     ir::PingReq ping{.nonce = static_cast<uint64_t>(now.time_since_epoch().count())};

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <map>
 #include <span>
 #include <vector>
@@ -29,10 +30,17 @@ Clock::duration KeepaliveInterval();
 // asked something before it counts as lost.
 Clock::duration FailoverTimeout();
 
+// Record flag of the Attach that opens a session: this client can Resume it after a link
+// loss. The same value as the server's (server/include/tandem/server/session.h).
+inline constexpr uint16_t kRecordResumable = 2;
+
 class SessionImpl final : public Session {
  public:
+  // With a `session_key`, the session is resumable: a link that breaks while the worker
+  // lives is re-established to `worker_address` within FailoverTimeout() (Resume), and the
+  // request batches the worker had not acknowledged are sent again, once.
   SessionImpl(fabric::Endpoint* ep, fabric::PeerId peer, std::string server, std::string worker_address,
-              std::string backend, std::function<void()> wake_flusher);
+              std::string backend, std::function<void()> wake_flusher, uint64_t session_key = 0);
 
   const std::string& server() const override { return server_; }
   const std::string& backend() const override { return backend_; }
@@ -46,8 +54,11 @@ class SessionImpl final : public Session {
   Status health() const override;
 
   // ---- used by the runtime's receiver and flusher threads ----
-  fabric::PeerId peer() const { return peer_; }
+  fabric::PeerId peer() const { return peer_.load(); }
   void OnMessage(std::span<const uint8_t> msg);
+  // The connection `peer` broke (a fabric peer loss or a failed send): a resumable session
+  // reconnects (on a thread of its own) and only calls OnLost when that fails.
+  void OnLinkLost(fabric::PeerId peer, const Status& why);
   // Fails every outstanding reply and refuses new work.
   void OnLost(const Status& why);
   // The same, on purpose (a session fault tolerance retired): no lost hook, no error log.
@@ -68,8 +79,15 @@ class SessionImpl final : public Session {
   void ForwardOutput(std::span<const uint8_t> payload);
   Status FlushLocked(std::unique_lock<std::mutex>& lock);
 
+  // Reconnects and resumes after a link loss; OnLost when it cannot within FailoverTimeout().
+  void Reconnect(Status why);
+  // Sends the unacknowledged batches again to `peer` (send_mu_ held); false when a send failed.
+  bool Resend(fabric::PeerId peer, uint64_t executed, size_t* resent);
+  // Drops the copies of request batches the worker acknowledged (seq <= executed).
+  void Trim(uint64_t executed);
+
   fabric::Endpoint* ep_;
-  const fabric::PeerId peer_;
+  std::atomic<fabric::PeerId> peer_;
   const std::string server_;
   const std::string worker_address_;
   const std::string backend_;
@@ -94,6 +112,32 @@ class SessionImpl final : public Session {
   std::vector<uint64_t> warm_devices_;
   Clock::time_point last_program_{};
   int warm_left_ = 0;  // replies of the current keepalive round still to come
+
+  // ---- transient link loss (resumable sessions) ----
+  const uint64_t session_key_;
+  // Request batches sent (or due) but not yet acknowledged, in seq order, each with its
+  // highest seq; guarded by unacked_mu_ (taken after send_mu_).
+  struct Unacked {
+    uint64_t top;
+    std::vector<uint8_t> msg;
+  };
+  std::mutex unacked_mu_;
+  std::deque<Unacked> unacked_;
+  size_t unacked_bytes_ = 0;
+  std::atomic<size_t> unacked_size_{0};  // unacked_bytes_ for Tick, without the lock
+  // While set (a reconnect is under way) batches are only kept, not sent (read under send_mu_).
+  std::atomic<bool> link_down_{false};
+  bool reconnecting_ = false;  // mu_
+  // The Resume exchange of the current reconnect attempt (mu_; resume_cv_).
+  enum class ResumeState { kIdle, kWaiting, kOk, kFailed, kRefused };
+  ResumeState resume_state_ = ResumeState::kIdle;
+  Status resume_error_;
+  uint64_t resume_executed_ = 0;
+  std::condition_variable resume_cv_;
+  // Reply batches received (the Ack reply_no of the last one); written by the receiver.
+  std::atomic<uint64_t> replies_received_{0};
+  uint64_t sends_ = 0;  // batches sent (send_mu_), for the test-only link cut
+  int cuts_ = 0;
 
   // Called with mu_ held: what a program command says about the paths to keep warm.
   void NoteUse(uint16_t opcode, std::span<const uint8_t> payload);

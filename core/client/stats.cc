@@ -70,6 +70,9 @@ void Stats::Print(size_t servers) const {
                        rollbacks.load(), rollback_ns.load() / 1e9, replayed.load(), restores.load(), migrations.load(),
                        migration_ns.load() / 1e9);
   }
+  if (reconnects || resent)
+    out += fmt::format("link: {} reconnects to a live session worker, {} request batches resent\n", reconnects.load(),
+                       resent.load());
   ssize_t n = ::write(STDERR_FILENO, out.data(), out.size());
   (void)n;
 }

@@ -15,6 +15,7 @@ struct Stats {
   std::atomic<uint64_t> rma_to_server{0}, rma_from_server{0};  // bulk bytes the server moved
   std::atomic<uint64_t> server_to_server{0}, relayed{0};  // copies between servers: direct, relayed here
   std::atomic<uint64_t> keepalives{0};  // Warm round trips
+  std::atomic<uint64_t> reconnects{0}, resent{0};  // transient link losses: resumes, batches sent again
   // Fault tolerance.
   std::atomic<uint64_t> checkpoints{0}, checkpoint_bytes{0}, checkpoint_ns{0};
   std::atomic<uint64_t> mismatches{0}, rollbacks{0}, rollback_ns{0}, replayed{0}, restores{0};

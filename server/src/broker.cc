@@ -135,6 +135,7 @@ Result<Broker::Spawned> Broker::SpawnWorker(uint64_t key, bool probe) {
   std::vector<std::string> args = {"/proc/self/exe", "--worker", "--backend", probe ? opt_.backend : kind_,
                                    "--bind", bind_host_, "--devices", opt_.devices,
                                    "--session-timeout-ms", std::to_string(opt_.session_timeout.count()),
+                                   "--session-grace-ms", std::to_string(opt_.session_grace.count()),
                                    "--status-fd", "3"};
   if (probe) args.push_back("--probe");
   if (opt_.inject.bitflip_rate > 0) args.insert(args.end(), {"--inject-bitflip", fmt::format("{}", opt_.inject.bitflip_rate)});

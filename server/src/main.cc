@@ -69,6 +69,11 @@ int main(int argc, char** argv) {
   app.add_option("--devices", devices, "comma-separated indices of the backend's devices to serve");
   app.add_option("--session-timeout-ms", timeout_ms, "end a session after this long without a message")
       ->check(CLI::PositiveNumber);
+  int64_t grace_ms = 15000;
+  app.add_option("--session-grace-ms", grace_ms,
+                 "keep a session whose client's connection broke this long for the client to reconnect and "
+                 "resume it (default 15000, beyond the clients' 10 s TANDEM_FAILOVER_TIMEOUT_MS)")
+      ->check(CLI::PositiveNumber);
   uint32_t max_sessions = 64;
   app.add_option("--max-sessions", max_sessions, "live sessions at most (more clients are refused, kOverload)")
       ->check(CLI::PositiveNumber);
@@ -92,6 +97,7 @@ int main(int argc, char** argv) {
     w.backend = backend;
     w.devices = devices;
     w.session_timeout = std::chrono::milliseconds(timeout_ms);
+    w.session_grace = std::chrono::milliseconds(grace_ms);
     w.inject = inject;
     const char* key = std::getenv(tandem::server::kSessionKeyEnv);
     w.session_key = key ? std::strtoull(key, nullptr, 10) : 0;
@@ -112,6 +118,7 @@ int main(int argc, char** argv) {
   b.backend = backend;
   b.devices = devices;
   b.session_timeout = std::chrono::milliseconds(timeout_ms);
+  b.session_grace = std::chrono::milliseconds(grace_ms);
   b.max_sessions = max_sessions;
   b.inject = inject;
   if (!token_file.empty()) {

@@ -435,6 +435,16 @@ Status Session::Execute(const ir::OutputReq&, ir::OutputRep*) {
   return Status::Protocol("Output is a notification from server to client, not a request");
 }
 
+// Resume opens a new connection to the worker (which answers it, see worker.cc); inside a
+// session's command stream it is out of place.
+Status Session::Execute(const ir::ResumeReq&, ir::ResumeRep*) {
+  return Status::Protocol("Resume is sent alone, as the first message of a reconnecting client's new connection");
+}
+
+Status Session::Execute(const ir::AckReq&, ir::AckRep*) {
+  return Status::Protocol("Ack is a notification from server to client, not a request");
+}
+
 Status Session::Execute(const ir::EventQueryReq& req, ir::EventQueryRep* rep) {
   if (auto it = failed_events_.find(req.event); it != failed_events_.end()) {
     rep->status = it->second.event_status;

@@ -27,6 +27,8 @@ struct BrokerOptions {
   std::string backend = "auto";      // opencl | cuda | auto
   std::string devices;               // backend device filter
   std::chrono::milliseconds session_timeout{10000};
+  // How long a session whose client's link broke is kept for the client to resume it.
+  std::chrono::milliseconds session_grace{15000};
   uint32_t max_sessions = 64;        // live sessions at most; more Hellos get kOverload
   InjectOptions inject;
 };
@@ -36,6 +38,7 @@ struct WorkerOptions {
   std::string devices;
   std::string bind_host;  // the broker's listen host; the worker listens on <host>:0
   std::chrono::milliseconds session_timeout{10000};
+  std::chrono::milliseconds session_grace{15000};
   int status_fd = -1;     // the pipe the worker reports "ok <port> <kind> <name>" or "error <why>" on
   uint64_t session_key = 0;
   bool probe = false;     // only open the backend and report it (the broker's start-up check)

@@ -10,7 +10,10 @@
 #include <algorithm>
 #include <condition_variable>
 #include <deque>
+#include <memory>
 #include <mutex>
+#include <optional>
+#include <span>
 #include <thread>
 
 #include <fmt/format.h>
@@ -47,13 +50,182 @@ std::string WithPort(const std::string& host, const char* port) {
   return host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
 }
 
+// Appends the Ack notification (seq 0) as the last record of a finished reply batch.
+void AppendAck(std::vector<uint8_t>& batch, uint64_t taken, uint64_t reply_no) {
+  ir::BatchWriter w(ir::BatchKind::kReplies);
+  w.AddRequest(ir::AckReq{.executed = taken, .reply_no = reply_no}, 0);
+  const std::vector<uint8_t> one = w.Finish();
+  // BatchHeader: magic u32, version u16, kind u16, count u32 (at 8), bytes u32 (at 12).
+  auto patch = [&](size_t at, uint32_t add) {
+    uint32_t v = 0;
+    for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(batch[at + i]) << (8 * i);
+    v += add;
+    for (int i = 0; i < 4; ++i) batch[at + i] = static_cast<uint8_t>(v >> (8 * i));
+  };
+  patch(8, 1);
+  patch(12, static_cast<uint32_t>(one.size() - ir::kBatchHeaderSize));
+  batch.insert(batch.end(), one.begin() + ir::kBatchHeaderSize, one.end());
+}
+
+// The way to the client, shared by the receive thread, the executor and the waiter. For a
+// resumable session it numbers reply batches, appends their Ack and keeps the newest ones
+// (kCacheBytes) so they can be sent again to a client that reconnects.
+class ClientLink {
+ public:
+  static constexpr size_t kCacheBytes = 64u << 20;
+
+  explicit ClientLink(fabric::Endpoint* endpoint) : endpoint_(endpoint) {}
+  void Start(fabric::PeerId client, bool resumable) {
+    std::lock_guard<std::mutex> lock(mu_);
+    client_ = client;
+    resumable_ = resumable;
+  }
+  bool resumable() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return resumable_;
+  }
+  // The highest request seq the receive thread has taken (queued or run): only it writes.
+  std::atomic<uint64_t> taken{0};
+
+  // Sends one reply batch. Kept in order: numbers and wire order agree.
+  void Send(std::vector<uint8_t> batch) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!resumable_) {
+      if (!client_) return;
+      Status st = endpoint_->Send(*client_, std::move(batch));
+      if (!st.ok()) log::Warn("cannot send a reply: {}", st.ToString());
+      return;
+    }
+    const uint64_t no = ++sent_;
+    AppendAck(batch, taken.load(), no);
+    cache_bytes_ += batch.size();
+    cache_.push_back({no, batch});
+    while (cache_bytes_ > kCacheBytes && cache_.size() > 1) {
+      cache_bytes_ -= cache_.front().batch.size();
+      cache_.pop_front();
+    }
+    if (!client_) return;  // the link is down: sent again when the client resumes
+    Status st = endpoint_->Send(*client_, std::move(batch));
+    if (!st.ok()) log::Debug("reply batch {} not sent ({}): kept for a resume", no, st.ToString());
+  }
+  // The client's connection broke: replies are only kept until it resumes.
+  void Lost() {
+    std::lock_guard<std::mutex> lock(mu_);
+    client_.reset();
+  }
+  // `peer` resumes the session having received `received` reply batches: answers its Resume
+  // (seq `seq`), resends the batches it missed and makes it the client. Fails, answering
+  // the peer with the error, when those batches are no longer all kept.
+  Status Resume(fabric::PeerId peer, uint64_t seq, uint64_t received, size_t* resent) {
+    std::lock_guard<std::mutex> lock(mu_);
+    while (!cache_.empty() && cache_.front().no <= received) {
+      cache_bytes_ -= cache_.front().batch.size();
+      cache_.pop_front();
+    }
+    Status st;
+    if (received > sent_)
+      st = Status::Protocol(fmt::format("Resume: the client claims {} reply batches, only {} were sent", received, sent_));
+    else if (received < sent_ && (cache_.empty() || cache_.front().no != received + 1))
+      st = Status(Code::kServerLost, fmt::format("Resume: reply batches after {} are no longer kept (cache of {} MiB)",
+                                                 received, kCacheBytes >> 20));
+    ir::BatchWriter w(ir::BatchKind::kReplies);
+    ir::ResumeRep rep{.executed = taken.load(), .sent = sent_};
+    w.AddReply(static_cast<uint16_t>(ir::Opcode::kResume), seq, st, {}, st.ok() ? &rep : nullptr);
+    Status sent = endpoint_->Send(peer, w.Finish());
+    if (!st.ok()) return st;
+    if (!sent.ok()) return sent;
+    *resent = 0;
+    for (const auto& c : cache_) {
+      Status r = endpoint_->Send(peer, c.batch);
+      if (!r.ok()) {
+        log::Debug("resending reply batch {}: {}", c.no, r.ToString());
+        break;
+      }
+      ++*resent;
+    }
+    client_ = peer;
+    return Status::Ok();
+  }
+
+ private:
+  struct Kept {
+    uint64_t no;
+    std::vector<uint8_t> batch;
+  };
+  fabric::Endpoint* endpoint_;
+  mutable std::mutex mu_;
+  std::optional<fabric::PeerId> client_;
+  bool resumable_ = false;
+  uint64_t sent_ = 0;  // reply batches numbered so far
+  std::deque<Kept> cache_;
+  size_t cache_bytes_ = 0;
+};
+
+// The bulk channel to the client (RMA on the client's registered memory) across reconnects:
+// a transfer cut by a link loss is done again, whole, once the client has resumed (its
+// chunks land at the same offsets, so doing it again is harmless).
+class ClientBulk : public BulkIO {
+ public:
+  ClientBulk(fabric::Endpoint* endpoint, fabric::Millis op_timeout, fabric::Millis grace)
+      : endpoint_(endpoint), op_timeout_(op_timeout), grace_(grace) {}
+  void Connect(fabric::PeerId peer) {
+    auto bulk = std::make_shared<FabricBulk>(endpoint_, peer, op_timeout_);
+    std::lock_guard<std::mutex> lock(mu_);
+    current_ = std::move(bulk);
+    cv_.notify_all();
+  }
+  void Lost() {
+    std::lock_guard<std::mutex> lock(mu_);
+    current_.reset();
+    cv_.notify_all();
+  }
+  Status Pull(const ir::Region& remote, size_t len,
+              const std::function<Status(const uint8_t* chunk, size_t offset, size_t n)>& sink) override {
+    return Run([&](FabricBulk& b) { return b.Pull(remote, len, sink); });
+  }
+  Status Push(const ir::Region& remote, size_t len,
+              const std::function<Status(uint8_t* chunk, size_t offset, size_t n)>& source) override {
+    return Run([&](FabricBulk& b) { return b.Push(remote, len, source); });
+  }
+
+ private:
+  Status Run(const std::function<Status(FabricBulk&)>& transfer) {
+    std::shared_ptr<FabricBulk> bulk;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, grace_, [&] { return current_ != nullptr; });
+      bulk = current_;
+    }
+    if (!bulk) return Status(Code::kLinkLost, "the client's connection is down");
+    Status st = transfer(*bulk);
+    for (int again = 0; !st.ok() && again < 3; ++again) {
+      // A failure that a link loss caused: the receive thread sees the loss soon after.
+      std::unique_lock<std::mutex> lock(mu_);
+      if (!cv_.wait_for(lock, std::chrono::milliseconds(500), [&] { return current_ != bulk; })) return st;
+      cv_.wait_for(lock, grace_, [&] { return current_ != nullptr; });
+      if (!current_) return st;
+      bulk = current_;
+      lock.unlock();
+      log::Info("a bulk transfer cut by a link loss is done again on the resumed connection");
+      st = transfer(*bulk);
+    }
+    return st;
+  }
+
+  fabric::Endpoint* endpoint_;
+  fabric::Millis op_timeout_;
+  fabric::Millis grace_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::shared_ptr<FabricBulk> current_;
+};
+
 // Runs deferred replies (a read back or synchronize that waits on the device) one after
 // another, in the order the executor handed them over, and sends each when it is ready.
 class Waiter {
  public:
-  Waiter(fabric::Endpoint* endpoint) : endpoint_(endpoint) {}
-  void Start(fabric::PeerId client) {
-    client_ = client;
+  explicit Waiter(ClientLink* link) : link_(link) {}
+  void Start() {
     // Detached: a wait on a user event that is never set must not hold the process at exit.
     std::thread([this] { Loop(); }).detach();
   }
@@ -73,13 +245,11 @@ class Waiter {
         next = std::move(queue_.front());
         queue_.pop_front();
       }
-      Status st = endpoint_->Send(client_, next());
-      if (!st.ok()) log::Warn("cannot send a reply: {}", st.ToString());
+      link_->Send(next());
     }
   }
 
-  fabric::Endpoint* endpoint_;
-  fabric::PeerId client_ = 0;
+  ClientLink* link_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<LateReply> queue_;
@@ -88,16 +258,15 @@ class Waiter {
 // The executor: a queue of request batches run one at a time, in arrival order.
 class Executor {
  public:
-  Executor(Session* session, fabric::Endpoint* endpoint, const InjectOptions& inject)
-      : session_(session), endpoint_(endpoint), waiter_(endpoint), inject_(inject) {}
+  Executor(Session* session, ClientLink* link, fabric::Endpoint* endpoint, const InjectOptions& inject)
+      : session_(session), link_(link), endpoint_(endpoint), waiter_(link), inject_(inject) {}
   // --inject-stall-after: set once the session stopped answering (the receive thread then
   // drops everything, pings included, as a frozen process would).
   bool stalled() const { return stalled_.load(); }
   ~Executor() { Stop(); }
 
-  void Start(fabric::PeerId client) {
-    client_ = client;
-    waiter_.Start(client);
+  void Start() {
+    waiter_.Start();
     thread_ = std::thread([this] { Loop(); });
   }
   void Push(std::vector<uint8_t> msg) {
@@ -137,10 +306,7 @@ class Executor {
         stalled_.store(true);
         for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
       }
-      if (!out.reply.empty()) {
-        Status st = endpoint_->Send(client_, std::move(out.reply));
-        if (!st.ok()) log::Warn("cannot send a reply: {}", st.ToString());
-      }
+      if (!out.reply.empty()) link_->Send(std::move(out.reply));
       // After the batch's own replies, so replies leave in the order of their commands.
       if (!out.late.empty()) waiter_.Push(std::move(out.late));
       if (out.goodbye) {
@@ -152,8 +318,8 @@ class Executor {
   }
 
   Session* session_;
+  ClientLink* link_;
   fabric::Endpoint* endpoint_;
-  fabric::PeerId client_ = 0;
   std::thread thread_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -164,6 +330,45 @@ class Executor {
   InjectOptions inject_;
   std::atomic<bool> stalled_{false};
 };
+
+// A resumable client's request batch, as the receive thread takes it: records it already
+// took (resent after a reconnect: seq <= taken) are dropped. False: nothing new in it.
+bool TakeNew(std::vector<uint8_t>& msg, std::atomic<uint64_t>& taken) {
+  std::vector<ir::Record> records;
+  // A malformed batch goes on to the executor, which answers it.
+  if (!ir::ParseBatch(msg, ir::BatchKind::kRequests, &records).ok() || records.empty()) return true;
+  const uint64_t before = taken.load();
+  uint64_t top = before;
+  size_t old = 0;
+  for (const ir::Record& r : records) {
+    if (r.header.seq != 0 && r.header.seq <= before) ++old;
+    top = std::max(top, r.header.seq);
+  }
+  if (old == records.size()) {
+    log::Debug("dropped a resent batch of {} records (#{}..#{}): already taken", records.size(),
+               records.front().header.seq, records.back().header.seq);
+    return false;
+  }
+  if (old) {
+    ir::BatchWriter w(ir::BatchKind::kRequests);
+    for (const ir::Record& r : records)
+      if (r.header.seq == 0 || r.header.seq > before) w.AddRaw(r.header.opcode, r.header.flags, r.header.seq, r.payload);
+    msg = w.Finish();
+    log::Debug("dropped {} already taken records of a resent batch", old);
+  }
+  taken.store(top);
+  return true;
+}
+
+// Whether `msg` is a Resume alone; fills its record's seq and the request.
+bool IsResume(std::span<const uint8_t> msg, uint64_t* seq, ir::ResumeReq* req) {
+  std::vector<ir::Record> records;
+  if (!ir::ParseBatch(msg, ir::BatchKind::kRequests, &records).ok() || records.size() != 1 ||
+      records[0].header.opcode != static_cast<uint16_t>(ir::Opcode::kResume))
+    return false;
+  *seq = records[0].header.seq;
+  return ir::DecodeRequest(records[0].payload, req).ok();
+}
 
 void Refuse(fabric::Endpoint& ep, fabric::PeerId peer, const std::string& why) {
   ir::BatchWriter out(ir::BatchKind::kReplies);
@@ -210,9 +415,14 @@ int RunWorker(const WorkerOptions& opt) {
     if (want != current) ep->SetSpin(current = want);
   });
   session.set_faults(FaultInjection{.bitflip_rate = opt.inject.bitflip_rate, .seed = 0});
-  Executor executor(&session, ep.get(), opt.inject);
-  std::unique_ptr<FabricBulk> bulk;
-  std::optional<fabric::PeerId> client;
+  ClientLink link(ep.get());
+  Executor executor(&session, &link, ep.get(), opt.inject);
+  ClientBulk bulk(ep.get(), opt.session_timeout, opt.session_grace);
+  bool attached = false;
+  bool connected = false;  // false while a resumable client's link is down
+  fabric::PeerId client = 0;
+  bool down = false;  // the client's link broke at lost_at; waiting for its Resume
+  Clock::time_point lost_at{};
   auto last_heard = Clock::now();
   // An unattached worker waits as long as an idle session would, then gives up.
   for (;;) {
@@ -220,25 +430,77 @@ int RunWorker(const WorkerOptions& opt) {
     auto ev = ep->Next(std::chrono::milliseconds(200));
     if (!ev.ok()) {
       if (ev.status().code() != Code::kTimeout) EndNow("endpoint failed: " + ev.status().ToString());
-      if (Clock::now() - last_heard > opt.session_timeout)
+      if (down) {
+        if (Clock::now() - lost_at > opt.session_grace)
+          EndNow(fmt::format("the client did not resume within {} ms (--session-grace-ms)", opt.session_grace.count()));
+      } else if (Clock::now() - last_heard > opt.session_timeout) {
         EndNow(fmt::format("nothing heard from the client for {} ms", opt.session_timeout.count()));
+      }
       continue;
     }
     fabric::Event& e = ev.value();
     if (e.kind == fabric::EventKind::kPeerLost) {
-      if (client && e.peer == *client) EndNow("client lost: " + e.status.ToString());
+      if (connected && e.peer == client) {
+        if (!link.resumable()) EndNow("client lost: " + e.status.ToString());
+        // Maybe only the link broke: the session waits for the client to resume it.
+        log::Warn("client lost ({}); the session waits {} ms for it to resume", e.status.message(),
+                  opt.session_grace.count());
+        link.Lost();
+        bulk.Lost();
+        ep->Close(client);
+        connected = false;
+        down = true;
+        lost_at = Clock::now();
+        continue;
+      }
       peers.OnPeerLost(e.peer, e.status);
       continue;
     }
-    if (client && e.peer != *client) {
+    if (attached && (!connected || e.peer != client)) {
+      uint64_t seq = 0;
+      ir::ResumeReq resume;
+      if (link.resumable() && IsResume(e.data, &seq, &resume)) {
+        if (resume.session_key != opt.session_key) {
+          Refuse(*ep, e.peer, "Resume with the wrong session key");
+          continue;
+        }
+        if (connected) {  // it noticed the loss first: the old connection is dead
+          log::Warn("the client resumes on a new connection; the old one is dropped");
+          link.Lost();
+          bulk.Lost();
+          ep->Close(client);
+          connected = false;
+          if (!down) lost_at = Clock::now();
+          down = true;
+        }
+        size_t resent = 0;
+        Status st = link.Resume(e.peer, seq, resume.received, &resent);
+        if (!st.ok()) {
+          log::Error("cannot resume the session: {}", st.ToString());
+          ep->Close(e.peer);
+          continue;
+        }
+        client = e.peer;
+        connected = true;
+        bulk.Connect(e.peer);
+        log::Info("client resumed after {} ms: it had {} reply batches, {} resent; requests up to #{} were taken",
+                  std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - lost_at).count(),
+                  resume.received, resent, link.taken.load());
+        down = false;
+        last_heard = Clock::now();
+        continue;
+      }
       // Another session's worker pulling or sending a server-to-server copy.
       if (!peers.OnMessage(e.peer, e.data)) Refuse(*ep, e.peer, "this session belongs to another client");
       continue;
     }
-    if (!client) {
+    if (!attached) {
       // Before Attach the executor is idle: the first batch is authenticated right here.
-      bulk = std::make_unique<FabricBulk>(ep.get(), e.peer, opt.session_timeout);
-      backend.value()->set_bulk(bulk.get());
+      std::vector<ir::Record> first;
+      const bool resumable = ir::ParseBatch(e.data, ir::BatchKind::kRequests, &first).ok() && !first.empty() &&
+                             (first[0].header.flags & kRecordResumable);
+      bulk.Connect(e.peer);
+      backend.value()->set_bulk(&bulk);
       BatchOutcome out = session.HandleBatch(e.data);
       if (!out.reply.empty()) {
         Status st = ep->Send(e.peer, std::move(out.reply));
@@ -250,23 +512,24 @@ int RunWorker(const WorkerOptions& opt) {
       }
       if (out.refuse_peer) {
         backend.value()->set_bulk(nullptr);
-        bulk.reset();
+        bulk.Lost();
         ep->Close(e.peer);
         continue;
       }
+      attached = true;
+      connected = true;
       client = e.peer;
+      link.Start(e.peer, resumable);
       last_heard = Clock::now();
       if (out.goodbye) break;
-      executor.Start(*client);
+      executor.Start();
       continue;
     }
     last_heard = Clock::now();
     if (executor.stalled()) continue;  // frozen: not even a ping is answered
+    if (link.resumable() && !TakeNew(e.data, link.taken)) continue;  // resent, already taken
     if (auto urgent = session.RunUrgent(e.data)) {
-      if (!urgent->empty()) {
-        Status st = ep->Send(*client, std::move(*urgent));
-        if (!st.ok()) log::Warn("cannot answer an urgent command: {}", st.ToString());
-      }
+      if (!urgent->empty()) link.Send(std::move(*urgent));
       continue;
     }
     executor.Push(std::move(e.data));

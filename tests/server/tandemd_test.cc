@@ -360,6 +360,85 @@ TEST(Tandemd, ClientVanishingMidTransferFreesItsSession) {
   RoundTrip(c, s->worker, 0x600, 4u << 20);
 }
 
+// A resumable session (Attach with the Resume flag, 2: kRecordResumable of the client and
+// the server): each reply batch ends with an Ack, a resent request is dropped, and a client
+// whose connection broke resumes on a new one and gets the replies it missed.
+ir::AckReq AckOf(const ReplyBatch& b) {
+  ir::AckReq ack{};
+  EXPECT_TRUE(b.status.ok()) << b.status.ToString();
+  if (!b.status.ok() || b.records.empty()) return ack;
+  const ir::Record& last = b.records.back();
+  EXPECT_EQ(last.header.opcode, static_cast<uint16_t>(ir::Opcode::kAck));
+  EXPECT_EQ(last.header.seq, 0u);
+  EXPECT_TRUE(ir::DecodeRequest(last.payload, &ack).ok());
+  return ack;
+}
+
+std::vector<uint8_t> PingBatch(uint64_t seq) {
+  ir::BatchWriter w(ir::BatchKind::kRequests);
+  w.AddRequest(ir::PingReq{seq * 11}, seq);
+  return w.Finish();
+}
+
+TEST(Tandemd, ResumableSessionDropsDuplicatesAndResumes) {
+  Daemon d({});
+  ASSERT_FALSE(d.address().empty());
+  TestClient c;
+  auto broker = c.Connect(d.address());
+  ASSERT_TRUE(broker.ok());
+  auto hello = c.Call(broker.value(), ir::HelloReq{ir::kMagic, ir::kProtocolVersion, ir::kFeatureRma | ir::kFeatureOpenCL,
+                                                   "", "resume-test"});
+  ASSERT_TRUE(hello.status().ok()) << hello.status().ToString();
+  const std::string worker_addr = fmt::format("127.0.0.1:{}", hello.rep.session_port);
+  auto worker = c.Connect(worker_addr);
+  ASSERT_TRUE(worker.ok());
+  constexpr uint16_t kResumable = 2;
+  ir::BatchWriter attach(ir::BatchKind::kRequests);
+  attach.AddRequest(ir::AttachReq{hello.rep.session_key}, 1, kResumable);
+  auto a = TestClient::Decode<ir::AttachReq>(c.Exchange(worker.value(), attach.Finish()));
+  ASSERT_TRUE(a.status().ok()) << a.status().ToString();
+
+  // Seq 1, then the same batch again (a resend), then seq 2: the resend is dropped.
+  ReplyBatch first = c.Exchange(worker.value(), PingBatch(1));
+  ASSERT_EQ(first.records.size(), 2u);
+  EXPECT_EQ(first.records[0].header.seq, 1u);
+  EXPECT_EQ(AckOf(first).executed, 1u);
+  EXPECT_EQ(AckOf(first).reply_no, 1u);
+  ASSERT_TRUE(c.ep().Send(worker.value(), PingBatch(1)).ok());
+  ReplyBatch second = c.Exchange(worker.value(), PingBatch(2));
+  ASSERT_EQ(second.records.size(), 2u);
+  EXPECT_EQ(second.records[0].header.seq, 2u) << "the resent seq 1 was run again";
+  EXPECT_EQ(AckOf(second).executed, 2u);
+  EXPECT_EQ(AckOf(second).reply_no, 2u);
+
+  // A Resume with the wrong key is refused.
+  TestClient other;
+  auto intruder = other.Connect(worker_addr);
+  ASSERT_TRUE(intruder.ok());
+  auto refused = other.Call(intruder.value(), ir::ResumeReq{hello.rep.session_key + 1, 0});
+  EXPECT_EQ(refused.status().code(), Code::kAuth) << refused.status().ToString();
+
+  // The link drops; the client resumes having seen only the first reply batch.
+  c.ep().Close(worker.value());
+  std::this_thread::sleep_for(200ms);
+  auto again = c.Connect(worker_addr);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  auto resumed = c.Call(again.value(), ir::ResumeReq{hello.rep.session_key, 1});
+  ASSERT_TRUE(resumed.status().ok()) << resumed.status().ToString() << "\n" << d.Log();
+  EXPECT_EQ(resumed.rep.executed, 2u);
+  EXPECT_EQ(resumed.rep.sent, 2u);
+  ReplyBatch missed = c.Receive(again.value());
+  ASSERT_EQ(missed.records.size(), 2u);
+  EXPECT_EQ(missed.records[0].header.seq, 2u);
+  EXPECT_EQ(AckOf(missed).reply_no, 2u);
+  // The session goes on over the new connection.
+  ReplyBatch third = c.Exchange(again.value(), PingBatch(3));
+  ASSERT_EQ(third.records.size(), 2u);
+  EXPECT_EQ(third.records[0].header.seq, 3u);
+  EXPECT_EQ(AckOf(third).reply_no, 3u);
+  EXPECT_EQ(LiveSessions(c, broker.value()), 1u);
+}
+
 }  // namespace
 }  // namespace tandem::test
 

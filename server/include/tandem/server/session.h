@@ -20,6 +20,10 @@
 
 namespace tandem::server {
 
+// Record flag of the Attach that opens a session: the client can Resume it after a link
+// loss (ir Resume/Ack). The same value as the client's (core/client/session.h).
+inline constexpr uint16_t kRecordResumable = 2;
+
 // A reply that waits on the device: run it (it blocks), then send what it returns.
 using LateReply = std::function<std::vector<uint8_t>()>;
 
@@ -115,6 +119,8 @@ class Session {
   Status Execute(const ir::PingReq& req, ir::PingRep* rep);
   Status Execute(const ir::GoodbyeReq& req, ir::GoodbyeRep* rep);
   Status Execute(const ir::OutputReq& req, ir::OutputRep* rep);
+  Status Execute(const ir::ResumeReq& req, ir::ResumeRep* rep);
+  Status Execute(const ir::AckReq& req, ir::AckRep* rep);
   Status Execute(const ir::EventQueryReq& req, ir::EventQueryRep* rep);
   Status Execute(const ir::EventWaitReq& req, ir::EventWaitRep* rep);
   Status Execute(const ir::EventDestroyReq& req, ir::EventDestroyRep* rep);

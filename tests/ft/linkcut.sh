@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# Transient link loss end to end, on real tandemd servers over 127.0.0.1 (OpenCL backend over
+# the machine's native OpenCL: PoCL in CI). The program (iterate, see ft.sh) runs natively
+# once, then through Tandem while its connection to its session worker is cut several times
+# under it (TANDEM_TEST_CUT_LINK_AFTER, a test-only client setting: the client closes its
+# fabric connection after every N-th batch it sent). The session must be resumed on the same
+# worker each time (Resume; unacknowledged batches resent once, duplicates dropped):
+#   - stdout byte-identical to the native run;
+#   - TANDEM_STATS=1: reconnects counted, no migration, no rollback;
+#   - the client's log shows each reconnect, the server's log each resume;
+#   - run once with no fault tolerance at all, once with TANDEM_SPARE_SERVERS naming a
+#     second server (which must never be used: no migration happened);
+#   - afterwards the server still serves and holds no session.
+#
+#   linkcut.sh BUILD_DIR
+set -u -o pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+source "$HERE/../../scripts/lib/tandemd.sh"
+source "$HERE/../../scripts/lib/opencl-vendors.sh"
+
+BUILD=${1:-}
+fail() { echo "linkcut: FAIL: $*" >&2; exit 1; }
+note() { echo "linkcut: $*" >&2; }
+TANDEMD=$BUILD/server/tandemd TANDEM=$BUILD/tools/tandem PROG=$BUILD/tests/ft/ft_iterate
+for f in "$TANDEMD" "$TANDEM" "$PROG"; do [[ -x $f ]] || fail "not built: $f"; done
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/tandem-linkcut.XXXXXX") || fail mktemp
+declare -A PID ADDR
+cleanup() {
+  local rc=$? name
+  for name in "${!PID[@]}"; do stop_tandemd "${PID[$name]}"; done
+  if ((rc != 0)); then
+    for f in "$work"/*.err "$work"/*.log; do [[ -s $f ]] && { echo "---- $f (last 30 lines)"; tail -30 "$f"; } >&2; done
+  fi
+  rm -rf "$work"
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+NATIVE=$(native_opencl_vendors "$work") || fail "no native OpenCL"
+NATIVE_LIBS=$(icd_libs "$NATIVE")
+export POCL_CACHE_DIR=${POCL_CACHE_DIR:-$work/pocl-cache}
+mkdir -p "$POCL_CACHE_DIR"
+unset OCL_ICD_FILENAMES TANDEM_SERVERS LD_PRELOAD TANDEM_REDUNDANCY TANDEM_SPARE_SERVERS TANDEM_CHECKPOINT_PERIOD
+export TANDEM_CONNECT_TIMEOUT_MS=5000
+ROUNDS=${LINKCUT_ROUNDS:-200}
+ARGS=(--rounds "$ROUNDS" --sleep-ms "${LINKCUT_SLEEP_MS:-2}")
+CUT_EVERY=${LINKCUT_EVERY:-60}  # batches between two cuts
+CUTS=${LINKCUT_TIMES:-4}
+
+# start NAME [tandemd options...]: a server in its own process group.
+start() {
+  local name=$1 port tries; shift
+  for tries in 1 2 3; do
+    port=$(free_port)
+    ADDR[$name]=127.0.0.1:$port
+    OCL_ICD_VENDORS=$NATIVE OCL_ICD_FILENAMES=$NATIVE_LIBS TANDEM_LOG=info setsid "$TANDEMD" \
+      --listen "${ADDR[$name]}" --backend opencl "$@" >"$work/$name.log" 2>&1 &
+    PID[$name]=$!
+    local deadline=$((SECONDS + 30))
+    while ((SECONDS < deadline)) && kill -0 "${PID[$name]}" 2>/dev/null; do
+      TANDEM_CONNECT_TIMEOUT_MS=2000 "$TANDEM" info --servers "${ADDR[$name]}" >/dev/null 2>&1 && return 0
+      sleep 0.2
+    done
+    stop_tandemd "${PID[$name]}"
+  done
+  fail "tandemd $name did not start"
+}
+
+# sessions NAME: live session workers of a server.
+sessions() { pgrep -P "${PID[$1]}" 2>/dev/null | wc -l; }
+# no_leaks NAME...: each server's sessions end within 10 s of the program's exit.
+no_leaks() {
+  local name deadline
+  for name in "$@"; do
+    deadline=$((SECONDS + 10))
+    while (($(sessions "$name") > 0)); do
+      ((SECONDS < deadline)) || fail "$name still holds $(sessions "$name") session(s) of the finished program"
+      sleep 0.2
+    done
+  done
+}
+stat_of() { grep -o "[0-9]* $2" "$1" | grep -o "^[0-9]*" | head -1; }
+
+OCL_ICD_VENDORS=$NATIVE OCL_ICD_FILENAMES=$NATIVE_LIBS timeout 300 "$PROG" "${ARGS[@]}" >"$work/native.out" ||
+  fail "the native run failed"
+[[ $(grep -c '^round' "$work/native.out") -ge 4 ]] || fail "the native run printed too little"
+
+start a
+start spare
+
+# run NAME [VAR=VALUE...]: the program through Tandem on server a, its link cut CUTS times.
+run() {
+  local name=$1 rc; shift
+  env TANDEM_STATS=1 TANDEM_SERVERS="${ADDR[a]}" TANDEM_TEST_CUT_LINK_AFTER="$CUT_EVERY" \
+    TANDEM_TEST_CUT_LINK_TIMES="$CUTS" "$@" timeout -k 5 240 "$TANDEM" run -- "$PROG" "${ARGS[@]}" \
+    >"$work/$name.out" 2>"$work/$name.err"
+  rc=$?
+  ((rc == 0)) || fail "$name: the program failed (exit $rc)"
+  cmp -s "$work/native.out" "$work/$name.out" ||
+    { diff "$work/native.out" "$work/$name.out" | head -20 >&2; fail "$name: output differs from the native run"; }
+  local lost reconnected stat migrations rollbacks
+  lost=$(grep -c "test: cutting the link" "$work/$name.err")
+  reconnected=$(grep -c "reconnected to its session worker" "$work/$name.err")
+  stat=$(stat_of "$work/$name.err" "reconnects to a live session worker")
+  migrations=$(stat_of "$work/$name.err" "migrations")
+  rollbacks=$(stat_of "$work/$name.err" "rollbacks")
+  note "$name: identical output; $lost cuts, $reconnected reconnects (stats: ${stat:-0}), migrations: ${migrations:-0}, rollbacks: ${rollbacks:-0}"
+  ((lost >= 2)) || fail "$name: only $lost cuts happened: lower LINKCUT_EVERY"
+  ((reconnected == lost)) || fail "$name: $lost cuts but $reconnected reconnects"
+  ((${stat:-0} == lost)) || fail "$name: TANDEM_STATS counts ${stat:-0} reconnects, the log $lost"
+  ((${migrations:-0} == 0)) || fail "$name: $migrations migrations"
+  ((${rollbacks:-0} == 0)) || fail "$name: $rollbacks rollbacks"
+  grep -q "took over\|lost server" "$work/$name.err" && fail "$name: a server was given up"
+  no_leaks a spare
+}
+
+run plain
+# With fault tolerance armed (a spare, checkpoints): a resumed link must not migrate.
+run spare TANDEM_SPARE_SERVERS="${ADDR[spare]}" TANDEM_CHECKPOINT_PERIOD=0.5
+grep -q "for 'ft_iterate" "$work/spare.log" && fail "the program got a session on the spare: a migration happened"
+
+resumed=$(grep -c "client resumed after" "$work/a.log")
+note "server a logged $resumed resumes"
+((resumed >= 4)) || fail "server a logged only $resumed resumes"
+
+# The server still serves.
+"$TANDEM" info --servers "${ADDR[a]}" >/dev/null 2>&1 || fail "server a does not answer after the runs"
+no_leaks a spare
+note "PASS"
