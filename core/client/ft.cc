@@ -538,18 +538,35 @@ Status FaultTolerance::Checkpoint() {
       for (SessionImpl* s : g->replicas_)
         digests.push_back(s->Call(ir::BufferDigestReq{.stream = 0, .buffer = alloc.buffer, .offset = 0,
                                                       .size = alloc.size, .chunk = kChunk, .wait = {}, .signal = 0}));
-      for (size_t i = 0; i < n; ++i) {
+      for (size_t i = 0; i < n; ++i)
         if (!digests[i].ok()) return digests[i].status();
-        if (digests[i]->digests != digests[0]->digests) {
-          stats.mismatches.fetch_add(1);
+      // The replicas that agree with most others; with N >= 3 a majority wins and only the
+      // outvoted are restored from it, with N = 2 any disagreement rolls everything back.
+      size_t good = 0, agree = 0;
+      for (size_t i = 0; i < n; ++i) {
+        size_t same = 0;
+        for (size_t j = 0; j < n; ++j) same += digests[j]->digests == digests[i]->digests;
+        if (same > agree) good = i, agree = same;
+      }
+      if (agree < n) {
+        if (n < 3 || agree * 2 <= n) {
+          stats.mismatches.fetch_add(n - agree);
           RollbackAll("replicas disagree on buffer " + std::to_string(alloc.buffer) + " at a checkpoint");
           return Status(Code::kInternal, "replicas disagreed at the checkpoint: rolled back instead");
+        }
+        for (size_t i = 0; i < n; ++i) {
+          if (digests[i]->digests == digests[good]->digests) continue;
+          stats.mismatches.fetch_add(1);
+          log::Warn("fault tolerance: replica {} of {} is outvoted on buffer {} at a checkpoint", i, g->name_,
+                    alloc.buffer);
+          Status st = CopyFromPeer(g.get(), i, good);
+          if (!st.ok()) return st;
         }
       }
       // 3. Only chunks that changed since the last checkpoint are fetched.
       Region& r = regions[alloc.buffer];
       r.size = alloc.size;
-      const auto& d = digests[0]->digests;
+      const auto& d = digests[good]->digests;
       const size_t chunks = d.size() / 2;
       r.digests.resize(chunks);
       r.chunks.resize(chunks);

@@ -90,12 +90,13 @@ no_leaks() {
   done
 }
 
-# wait_session NAME PID: until the program (PID) has a session on the server.
-wait_session() {
-  local deadline=$((SECONDS + 30))
-  while (($(sessions "$1") == 0)); do
+# wait_running OUT PID: until the program (PID) has printed its first rounds (so a fault
+# hits the run itself, not the start-up, which the spare covers differently).
+wait_running() {
+  local deadline=$((SECONDS + 60))
+  until grep -q '^round' "$1" 2>/dev/null; do
     kill -0 "$2" 2>/dev/null || return 0
-    ((SECONDS < deadline)) || fail "the program never opened a session on $1"
+    ((SECONDS < deadline)) || fail "the program never started its rounds"
     sleep 0.02
   done
 }
@@ -123,9 +124,9 @@ kill)
     export TANDEM_SERVERS=${ADDR[a]} TANDEM_SPARE_SERVERS=${ADDR[spare]} TANDEM_CHECKPOINT_PERIOD=0.3
     run_tandem "$work/rep.out" TANDEM_FAILOVER_TIMEOUT_MS=2000 &
     runner=$!
-    # A random moment of the run (0 .. 1.2 s after its session started): the broker and its
+    # A random moment of the run (0 .. 1.2 s after its first rounds): the broker and its
     # session worker die.
-    wait_session a "$runner"
+    wait_running "$work/rep.out" "$runner"
     sleep "${FT_KILL_AT:-$(awk -v r=$RANDOM 'BEGIN { printf "%.2f", (r % 120) / 100 }')}"
     kill -KILL -- "-${PID[a]}" 2>/dev/null
     wait "$runner"; rc=$?
@@ -145,8 +146,8 @@ stop)
   export TANDEM_SERVERS=${ADDR[a]} TANDEM_SPARE_SERVERS=${ADDR[spare]} TANDEM_CHECKPOINT_PERIOD=0.3
   run_tandem "$work/run.out" TANDEM_FAILOVER_TIMEOUT_MS=$timeout_ms &
   runner=$!
-  wait_session a "$runner"
-  sleep 0.5
+  wait_running "$work/run.out" "$runner"
+  sleep 0.2
   kill -STOP -- "-${PID[a]}"
   t0=$(date +%s%N)
   took=""

@@ -32,7 +32,8 @@ class MultiServer : public ::testing::Test {
       g_servers[0].Stop();
       g_servers[1].Stop();
     });
-    if (start_error_.empty()) PointLoaderAtTandem(g_servers[0].address() + "," + g_servers[1].address());
+    // The first device of each server (a GPU machine's servers also list PoCL's CPU device).
+    if (start_error_.empty()) PointLoaderAtTandem(g_servers[0].address() + "/0," + g_servers[1].address() + "/0");
   }
 
   void SetUp() override {
