@@ -1,8 +1,14 @@
 // cuda_bench: an ordinary CUDA program (nvcc -cudart shared, nothing Tandem-specific) that
 // measures the costs Tandem adds. run_bench.sh runs it natively and through `tandem run`
-// and compares. Output: one line per measurement, `name value unit`, fixed names; notes go
-// to stderr. TANDEM_BENCH_QUICK=1: few repetitions, sizes up to 1 MiB (a smoke run).
-// Every CUDA call is checked; any error exits 1.
+// and compares. Output: one line per measurement, `name value unit`, fixed names, or
+// `name n/a reason` for one that cannot be taken here; notes go to stderr.
+// TANDEM_BENCH_QUICK=1: few repetitions, sizes up to 1 MiB (a smoke run).
+//   cuda_bench          launch, copy latency, bandwidth, idle read-back
+//   cuda_bench --idle   only the warm and idle read-backs (run again with keepalive off)
+//   cuda_bench --s2s    only device 0 -> device 1 copies: cudaMemcpyPeer against a relay
+//                       through pinned host memory (needs two devices, else n/a rows)
+// Every CUDA call of the first two modes is checked and any error exits 1; in --s2s mode
+// an error becomes an n/a row with its reason, since multi-device support is what is tested.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -10,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -131,8 +138,9 @@ void IdleReadback(void* dev) {
     warm.push_back(Us(t0, Clock::now()));
   }
   Print("cuda_readback_warm", Median(warm), "us");
+  // p50 over 20-50 samples a gap (about 4 s in all); 3 in quick mode.
   struct Gap { double ms; const char* label; int reps; };
-  for (Gap g : {Gap{0.1, "0.1ms", 50}, Gap{1, "1ms", 50}, Gap{5, "5ms", 30}, Gap{20, "20ms", 20}, Gap{100, "100ms", 10}}) {
+  for (Gap g : {Gap{0.1, "0.1ms", 50}, Gap{1, "1ms", 50}, Gap{5, "5ms", 40}, Gap{20, "20ms", 30}, Gap{100, "100ms", 20}}) {
     std::vector<double> t;
     for (int r = 0; r < Reps(g.reps, 3); ++r) {
       std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(g.ms));
@@ -146,11 +154,107 @@ void IdleReadback(void* dev) {
   }
 }
 
+// An error in --s2s mode: the reason for the n/a rows.
+std::string Why(const char* what, cudaError_t err) {
+  return std::string(what) + ": " + cudaGetErrorName(err);
+}
+#define SOFT(call)                                                 \
+  do {                                                             \
+    cudaError_t err_ = (call);                                     \
+    if (err_ != cudaSuccess) return Why(#call, err_);              \
+  } while (0)
+
+// Device 0 -> device 1: cudaMemcpyPeer (through Tandem a server-to-server copy) against the
+// same bytes relayed through pinned host memory (D2H from device 0, then H2D to device 1).
+// Returns "" or why the rest could not be measured; `done` counts the rows printed.
+std::string PeerCopy(size_t bytes, const char* label, int reps, int* done) {
+  char s2s[64], relay[64];
+  std::snprintf(s2s, sizeof s2s, "cuda_s2s_copy_%s", label);
+  std::snprintf(relay, sizeof relay, "cuda_relay_copy_%s", label);
+  void *src = nullptr, *dst = nullptr;
+  char* host = nullptr;
+  SOFT(cudaSetDevice(0));
+  SOFT(cudaMalloc(&src, bytes));
+  SOFT(cudaMemset(src, 0x5a, bytes));
+  SOFT(cudaSetDevice(1));
+  SOFT(cudaMalloc(&dst, bytes));
+  SOFT(cudaMemset(dst, 0, bytes));
+  SOFT(cudaDeviceSynchronize());
+  // Peer access may be refused (different servers, no P2P); the copy must work anyway.
+  (void)cudaDeviceEnablePeerAccess(0, 0);
+  SOFT(cudaSetDevice(0));
+  (void)cudaDeviceEnablePeerAccess(1, 0);
+  (void)cudaGetLastError();
+  auto sync_both = [&]() -> cudaError_t {
+    cudaError_t e = cudaSetDevice(1);
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    if (e == cudaSuccess) e = cudaSetDevice(0);
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    return e;
+  };
+  std::vector<double> gbs;
+  for (int r = 0; r <= reps; ++r) {  // the first is unmeasured
+    auto t0 = Clock::now();
+    SOFT(cudaMemcpyPeer(dst, 1, src, 0, bytes));
+    SOFT(sync_both());
+    if (r > 0) gbs.push_back(bytes / (Us(t0, Clock::now()) * 1e3));
+  }
+  // The copy must have happened: the first and last bytes of the destination.
+  unsigned char probe[2] = {0, 0};
+  SOFT(cudaSetDevice(1));
+  SOFT(cudaMemcpy(&probe[0], dst, 1, cudaMemcpyDeviceToHost));
+  SOFT(cudaMemcpy(&probe[1], static_cast<char*>(dst) + bytes - 1, 1, cudaMemcpyDeviceToHost));
+  if (probe[0] != 0x5a || probe[1] != 0x5a) return "cudaMemcpyPeer: wrong data on device 1";
+  Print(s2s, Median(gbs), "GB/s");
+  ++*done;
+
+  SOFT(cudaMallocHost(&host, bytes));
+  gbs.clear();
+  for (int r = 0; r <= reps; ++r) {
+    auto t0 = Clock::now();
+    SOFT(cudaSetDevice(0));
+    SOFT(cudaMemcpy(host, src, bytes, cudaMemcpyDeviceToHost));
+    SOFT(cudaSetDevice(1));
+    SOFT(cudaMemcpy(dst, host, bytes, cudaMemcpyHostToDevice));
+    if (r > 0) gbs.push_back(bytes / (Us(t0, Clock::now()) * 1e3));
+  }
+  Print(relay, Median(gbs), "GB/s");
+  ++*done;
+  SOFT(cudaFreeHost(host));
+  SOFT(cudaFree(dst));
+  SOFT(cudaSetDevice(0));
+  SOFT(cudaFree(src));
+  return "";
+}
+
+int PeerMain() {
+  const size_t bytes = quick ? (1u << 20) : (256u << 20);
+  const char* label = quick ? "1MiB" : "256MiB";
+  int count = 0, done = 0;
+  cudaError_t err = cudaGetDeviceCount(&count);
+  std::string why;
+  if (err != cudaSuccess) why = Why("cudaGetDeviceCount", err);
+  else if (count < 2) why = std::to_string(count) + " device(s)";
+  else why = PeerCopy(bytes, label, Reps(5, 3), &done);
+  if (!why.empty()) {
+    std::fprintf(stderr, "cuda_bench --s2s: %s\n", why.c_str());
+    if (done < 1) std::printf("cuda_s2s_copy_%s n/a %s\n", label, why.c_str());
+    if (done < 2) std::printf("cuda_relay_copy_%s n/a %s\n", label, why.c_str());
+  }
+  return 0;
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   const char* q = std::getenv("TANDEM_BENCH_QUICK");
   quick = q && *q && std::strcmp(q, "0") != 0;
+  std::string mode = argc > 1 ? argv[1] : "";
+  if (mode != "" && mode != "--idle" && mode != "--s2s") {
+    std::fprintf(stderr, "usage: cuda_bench [--idle | --s2s]\n");
+    return 2;
+  }
+  if (mode == "--s2s") return PeerMain();
   int count = 0;
   CK(cudaGetDeviceCount(&count));
   if (count < 1) {
@@ -162,7 +266,7 @@ int main() {
   std::fprintf(stderr, "cuda_bench: device 0: %s%s\n", prop.name, quick ? " (quick mode)" : "");
   CK(cudaSetDevice(0));
 
-  const size_t max_bytes = quick ? (1u << 20) : (256u << 20);
+  const size_t max_bytes = mode == "--idle" ? 4096 : quick ? (1u << 20) : (256u << 20);
   void* dev = nullptr;
   CK(cudaMalloc(&dev, max_bytes));
   CK(cudaMemset(dev, 0, max_bytes));
@@ -170,16 +274,18 @@ int main() {
   for (int i = 0; i < 100; ++i) Launch();
   CK(cudaDeviceSynchronize());
 
-  LaunchAsync();
-  LaunchSync();
-  CopyLatency(dev, "8B", 8);
-  CopyLatency(dev, "4KB", 4096);
-  struct Size { size_t bytes; const char* label; int reps; };
-  for (bool pinned : {false, true})
-    for (Size s : {Size{1u << 20, "1MiB", 100}, Size{64u << 20, "64MiB", 10}, Size{256u << 20, "256MiB", 5}}) {
-      if (s.bytes > max_bytes) continue;
-      Bandwidth(dev, pinned, s.label, s.bytes, Reps(s.reps, 3));
-    }
+  if (mode != "--idle") {
+    LaunchAsync();
+    LaunchSync();
+    CopyLatency(dev, "8B", 8);
+    CopyLatency(dev, "4KB", 4096);
+    struct Size { size_t bytes; const char* label; int reps; };
+    for (bool pinned : {false, true})
+      for (Size s : {Size{1u << 20, "1MiB", 100}, Size{64u << 20, "64MiB", 10}, Size{256u << 20, "256MiB", 5}}) {
+        if (s.bytes > max_bytes) continue;
+        Bandwidth(dev, pinned, s.label, s.bytes, Reps(s.reps, 3));
+      }
+  }
   IdleReadback(dev);
 
   CK(cudaFree(dev));

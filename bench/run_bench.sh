@@ -1,13 +1,29 @@
 #!/usr/bin/env bash
 # Runs the benchmarks natively and through Tandem in the same run on this machine and
-# prints `measurement | native | tandem | ratio`; writes bench.json (and bench.png when
-# python3 has matplotlib) to OUT_DIR. Ratios are printed, never asserted.
+# prints `measurement | native | tandem | ratio ...`; writes table.txt, bench.json (and
+# bench.png when python3 has matplotlib) to OUT_DIR. Ratios are printed, never asserted.
 #   bash bench/run_bench.sh TANDEMD TANDEM BUILD_DIR [OUT_DIR]
 # It starts `tandemd --backend cuda` (only with a GPU and a built cuda_bench) and
-# `tandemd --backend opencl` on 127.0.0.1 and stops them on exit. The raw fabric limit
-# (tandem_fabric_pingpong) is measured and listed too.
-# TANDEM_BENCH_QUICK=1: tiny repetition counts, sizes up to 1 MiB (the ctest bench_smoke).
-# Exit status: 0 when every program ran, every output line parsed and the table printed.
+# `tandemd --backend opencl` servers on 127.0.0.1 (one for the main run, two for the
+# server-to-server copy, four for the multi-device workloads) and stops them on exit.
+# What it runs, for each API (natively, then through Tandem):
+#   main run        launch, copy latency, bandwidth, idle read-back (one server)
+#   --idle again   through Tandem with TANDEM_KEEPALIVE_MS=0 (keepalive off)
+#   --s2s           device 0 -> device 1 copy against a relay through the client (two
+#                   servers; natively only with two devices, else n/a)
+#   tandem(shm)     the Tandem half again over the shm provider (see TANDEM_BENCH_SHM)
+#   workloads       examples/opencl/{advection,multi_matmul} (--devices 4, four servers) and
+#                   examples/cuda/remd (one and two servers) when built; skipped otherwise
+# and the raw fabric limit (tandem_fabric_pingpong) of each provider used.
+# Environment:
+#   TANDEM_BENCH_QUICK=1        tiny repetition counts, sizes up to 1 MiB, no workloads
+#                               and no shm column by default (the ctest bench_smoke)
+#   TANDEM_FABRIC_PROVIDER      the provider of the Tandem column (default tcp)
+#   TANDEM_BENCH_SHM=1|0        add (or leave out) the tandem(shm) column; default: on in
+#                               full runs, off in quick runs; n/a when shm does not work
+# Exit status: 0 when every main program ran, every output line parsed and the table
+# printed. Rows that cannot be measured here (one device, a provider that is missing, a
+# server-to-server path not there yet) are n/a with their reason and do not fail the run.
 set -uo pipefail
 
 if (($# < 3)); then
@@ -20,6 +36,10 @@ source "$HERE/../scripts/lib/tandemd.sh"
 QUICK=${TANDEM_BENCH_QUICK:-0}
 [[ $QUICK == 0 || -z $QUICK ]] && QUICK=0 || QUICK=1
 export TANDEM_BENCH_QUICK=$QUICK
+PROVIDER=${TANDEM_FABRIC_PROVIDER:-tcp}
+SHM=${TANDEM_BENCH_SHM:-$((1 - QUICK))}
+[[ $SHM == 0 || -z $SHM ]] && SHM=0 || SHM=1
+[[ $PROVIDER == shm* ]] && SHM=0  # the Tandem column is shm already
 log() { echo "run_bench: $*" >&2; }
 failed=0
 fail() { log "FAIL: $*"; failed=1; }
@@ -39,12 +59,17 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 # The same environment for native and Tandem runs, except what `tandem run` sets.
-unset TANDEM_SERVERS LD_PRELOAD OCL_ICD_VENDORS OCL_ICD_FILENAMES
+# Keepalive is on (its default) unless a run turns it off.
+unset TANDEM_SERVERS LD_PRELOAD OCL_ICD_VENDORS OCL_ICD_FILENAMES TANDEM_KEEPALIVE_MS
 # Idle gaps of up to 100 ms must not look like a lost server.
 export TANDEM_FAILOVER_TIMEOUT_MS=600000
 export POCL_CACHE_DIR=${POCL_CACHE_DIR:-$work/pocl-cache}
 mkdir -p "$POCL_CACHE_DIR"
-if ((QUICK)); then RUN_TIMEOUT=60 PING_ITERS=200; else RUN_TIMEOUT=600 PING_ITERS=10000; fi
+if ((QUICK)); then
+  RUN_TIMEOUT=60 PING_ITERS=200 WORK_TIMEOUT=60 S2S_LABEL=1MiB
+else
+  RUN_TIMEOUT=600 PING_ITERS=10000 WORK_TIMEOUT=180 S2S_LABEL=256MiB
+fi
 
 # Native OpenCL (NVIDIA's, else PoCL), both ICD loaders pinned to it.
 source "$HERE/../scripts/lib/opencl-vendors.sh"
@@ -55,133 +80,229 @@ log "native OpenCL: $vendors ($ocl_libs)"
 gpu=0
 if command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep '^GPU' >/dev/null; then gpu=1; fi
 
-# start_server BACKEND: starts tandemd on a free loopback port; sets $server.
+# prov_env PROVIDER: the environment that makes tandemd, the client and the pingpong use it.
+# shm's cross-memory attach needs ptrace rights that containers drop.
+prov_env() {
+  if [[ $1 == shm* ]]; then
+    echo "TANDEM_FABRIC_PROVIDER=$1 FI_PROVIDER=shm FI_SHM_DISABLE_CMA=1"
+  else
+    echo "TANDEM_FABRIC_PROVIDER=$1"
+  fi
+}
+
+# start_server BACKEND PROVIDER: starts one more tandemd on a free loopback port; sets $server.
+declare -A servers=()  # "backend provider" -> host:port,host:port,...
 start_server() {
-  local backend=$1 port pid
+  local backend=$1 prov=$2 port pid name
   port=$(free_port)
   server=127.0.0.1:$port
-  OCL_ICD_VENDORS=$vendors OCL_ICD_FILENAMES=$ocl_libs setsid "$TANDEMD" --listen "$server" --backend "$backend" \
-    >"$OUT/tandemd-$backend.log" 2>&1 &
+  name=$backend-${prov//[^A-Za-z0-9]/_}-$port
+  # shellcheck disable=SC2046 # prov_env's words are separate assignments
+  env $(prov_env "$prov") OCL_ICD_VENDORS="$vendors" OCL_ICD_FILENAMES="$ocl_libs" \
+    setsid "$TANDEMD" --listen "$server" --backend "$backend" >"$OUT/tandemd-$name.log" 2>&1 &
   pid=$!
   server_pids+=("$pid")
   for _ in $(seq 1 100); do
     kill -0 "$pid" 2>/dev/null || break
-    if TANDEM_CONNECT_TIMEOUT_MS=2000 "$TANDEM" info --servers "$server" >"$OUT/info-$backend.txt" 2>/dev/null; then
-      log "tandemd --backend $backend on $server: $(head -n1 "$OUT/info-$backend.txt")"
+    # shellcheck disable=SC2046
+    if env $(prov_env "$prov") TANDEM_CONNECT_TIMEOUT_MS=2000 "$TANDEM" info --servers "$server" \
+        >"$OUT/info-$name.txt" 2>/dev/null; then
+      log "tandemd --backend $backend ($prov) on $server: $(head -n1 "$OUT/info-$name.txt")"
       return 0
     fi
     sleep 0.3
   done
-  log "tandemd --backend $backend did not come up; its log:"
-  tail -20 "$OUT/tandemd-$backend.log" >&2
+  log "tandemd --backend $backend ($prov) did not come up; its log:"
+  tail -20 "$OUT/tandemd-$name.log" >&2
   return 1
 }
 
-line_re='^[A-Za-z0-9_.]+ -?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)? (us|GB/s)$'
-# check FILE: every line is `name value unit`, and there is at least one.
+# need_servers BACKEND PROVIDER N: at least N servers of that kind; sets $list to N of them.
+need_servers() {
+  local key="$1 $2" have
+  have=${servers[$key]:-}
+  while (($(tr ',' '\n' <<<"$have" | grep -c .) < $3)); do
+    start_server "$1" "$2" || return 1
+    have=${have:+$have,}$server
+    servers[$key]=$have
+  done
+  list=$(tr ',' '\n' <<<"$have" | head -n "$3" | paste -sd,)
+}
+
+# A line is `name value unit` or `name n/a reason`.
+line_re='^[A-Za-z0-9_.]+ (-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)? (us|GB/s)|n/a .+)$'
+# check FILE: every line parses, and there is at least one.
 check() {
   local bad
-  bad=$(grep -cvE "$line_re" "$1")
   if [[ ! -s $1 ]]; then fail "$1: no measurements"; return 1; fi
+  bad=$(grep -cvE "$line_re" "$1")
   if ((bad > 0)); then fail "$1: $bad unparsable line(s)"; grep -vE "$line_re" "$1" | head -5 >&2; return 1; fi
 }
 
-# bench NAME SERVER PROGRAM [tandem run flags]: native run, then through Tandem.
-bench() {
-  local name=$1 srv=$2 prog=$3; shift 3
-  log "$name: native"
-  if ! OCL_ICD_VENDORS=$vendors OCL_ICD_FILENAMES=$ocl_libs timeout -k 5 "$RUN_TIMEOUT" "$prog" \
-      >"$OUT/$name-native.txt" 2>"$OUT/$name-native.log"; then
-    fail "$name natively (exit $?): $(tail -3 "$OUT/$name-native.log")"
-    return 1
-  fi
-  check "$OUT/$name-native.txt" || return 1
-  log "$name: through Tandem ($srv)"
-  if ! timeout -k 5 "$RUN_TIMEOUT" "$TANDEM" run "$@" --servers "$srv" -- "$prog" \
-      >"$OUT/$name-tandem.txt" 2>"$OUT/$name-tandem.log"; then
-    fail "$name through Tandem (exit $?): $(tail -3 "$OUT/$name-tandem.log")"
-    return 1
-  fi
-  check "$OUT/$name-tandem.txt" || return 1
-  # Join by name: name unit native tandem ratio (>1: Tandem costs more; GB/s inverted).
-  awk 'NR == FNR { v[$1] = $2; next }
-       { t = ($1 in v) ? v[$1] : ""; r = "-"
-         if (t != "" && $2 > 0 && t > 0) r = sprintf("%.3f", $3 == "GB/s" ? $2 / t : t / $2)
-         printf "%s %s %s %s %s\n", $1, $3, $2, (t == "" ? "-" : t), r
-         if (t == "") missing++ }
-       END { exit missing > 0 }' "$OUT/$name-tandem.txt" "$OUT/$name-native.txt" >>"$work/rows.txt" ||
-    fail "$name: some measurements missing from the Tandem run"
+# run_native NAME PROGRAM ARGS...: stdout to NAME.txt, stderr to NAME.log.
+run_native() {
+  local name=$1; shift
+  OCL_ICD_VENDORS=$vendors OCL_ICD_FILENAMES=$ocl_libs timeout -k 5 "$RUN_TIMEOUT" "$@" \
+    >"$OUT/$name.txt" 2>"$OUT/$name.log"
+}
+# run_tandem NAME PROVIDER SERVERS RUNFLAGS PROGRAM ARGS...: the same through `tandem run`
+# (variables assigned before the call reach the program).
+run_tandem() {
+  local name=$1 prov=$2 srv=$3 flags=$4; shift 4
+  # shellcheck disable=SC2046,SC2086
+  env $(prov_env "$prov") timeout -k 5 "$RUN_TIMEOUT" "$TANDEM" run $flags --servers "$srv" -- "$@" \
+    >"$OUT/$name.txt" 2>"$OUT/$name.log"
+}
+# reason NAME STATUS: one line saying why a run failed, for n/a rows.
+reason() {
+  local last
+  last=$(grep -v '^\s*$' "$OUT/$1.log" 2>/dev/null | tail -n1 | tr -d '\r' | cut -c1-160)
+  if (($2 == 124 || $2 == 137)); then echo "timed out after ${RUN_TIMEOUT}s"; else echo "exit $2${last:+: $last}"; fi
+}
+# na_file NAME WHY ROW...: NAME.txt with an n/a line for each row.
+na_file() {
+  local name=$1 why=$2 row; shift 2
+  for row; do echo "$row n/a $why"; done >"$OUT/$name.txt"
 }
 
-: >"$work/rows.txt"
-ran=0
+# bench API BACKEND PREFIX PROGRAM RUNFLAGS: every run of one benchmark program.
+bench() {
+  local api=$1 backend=$2 prefix=$3 prog=$4 flags=$5 rc s2s_rows list
+  s2s_rows=("${prefix}_s2s_copy_$S2S_LABEL" "${prefix}_relay_copy_$S2S_LABEL")
+  log "$api: native"
+  run_native "$api-native" "$prog"; rc=$?
+  if ((rc)); then fail "$api natively: $(reason "$api-native" $rc)"; return 1; fi
+  check "$OUT/$api-native.txt" || return 1
+
+  if need_servers "$backend" "$PROVIDER" 1; then
+    log "$api: through Tandem ($PROVIDER, $list)"
+    run_tandem "$api-tandem" "$PROVIDER" "$list" "$flags" "$prog"; rc=$?
+    if ((rc)); then fail "$api through Tandem: $(reason "$api-tandem" $rc)"
+    else check "$OUT/$api-tandem.txt"; fi
+    log "$api: idle read-back through Tandem with keepalive off"
+    TANDEM_KEEPALIVE_MS=0 run_tandem "$api-tandem-ka0" "$PROVIDER" "$list" "$flags" "$prog" --idle; rc=$?
+    if ((rc)); then fail "$api with keepalive off: $(reason "$api-tandem-ka0" $rc)"
+    else check "$OUT/$api-tandem-ka0.txt"; fi
+  else
+    fail "no $backend server ($PROVIDER)"
+  fi
+
+  log "$api: device-to-device copy, natively"
+  run_native "$api-s2s-native" "$prog" --s2s; rc=$?
+  ((rc)) && na_file "$api-s2s-native" "($(reason "$api-s2s-native" $rc))" "${s2s_rows[@]}"
+  check "$OUT/$api-s2s-native.txt"
+  if need_servers "$backend" "$PROVIDER" 2; then
+    log "$api: server-to-server copy through Tandem ($list)"
+    run_tandem "$api-s2s-tandem" "$PROVIDER" "$list" "$flags" "$prog" --s2s; rc=$?
+    ((rc)) && na_file "$api-s2s-tandem" "($(reason "$api-s2s-tandem" $rc))" "${s2s_rows[@]}"
+  else
+    na_file "$api-s2s-tandem" "(two $PROVIDER servers did not start)" "${s2s_rows[@]}"
+  fi
+  check "$OUT/$api-s2s-tandem.txt"
+
+  ((SHM)) || return 0
+  if ((shm_ok)) && need_servers "$backend" shm 2; then
+    local one=${list%%,*}
+    log "$api: through Tandem over shm ($one)"
+    run_tandem "$api-shm" shm "$one" "$flags" "$prog"; rc=$?
+    ((rc)) && echo "# n/a ($(reason "$api-shm" $rc))" >"$OUT/$api-shm.txt"
+    log "$api: server-to-server copy through Tandem over shm ($list)"
+    run_tandem "$api-s2s-shm" shm "$list" "$flags" "$prog" --s2s; rc=$?
+    ((rc)) && na_file "$api-s2s-shm" "($(reason "$api-s2s-shm" $rc))" "${s2s_rows[@]}"
+  else
+    # Once is enough: do not wait for a failing shm server again for the next API.
+    ((shm_ok)) && shm_ok=0 shm_why="shm tandemd did not start (see $OUT/tandemd-*-shm-*.log)"
+    echo "# n/a ($shm_why)" >"$OUT/$api-shm.txt"
+    na_file "$api-s2s-shm" "($shm_why)" "${s2s_rows[@]}"
+  fi
+  check "$OUT/$api-s2s-shm.txt"
+  return 0
+}
+
+# Does libfabric offer shm here? (The runs report n/a if it still fails.)
+shm_ok=0 shm_why=""
+if ((SHM)); then
+  if ! command -v fi_info >/dev/null; then shm_ok=1  # cannot ask: just try
+  elif FI_PROVIDER=shm fi_info -p shm >/dev/null 2>&1; then shm_ok=1
+  else shm_why="libfabric offers no shm provider (fi_info -p shm)"; log "$shm_why"
+  fi
+fi
+
+apis=()
 if ((gpu)) && [[ -x $BUILD/bench/cuda_bench ]]; then
-  if start_server cuda; then bench cuda "$server" "$BUILD/bench/cuda_bench" && ran=$((ran + 1)); else fail "no CUDA server"; fi
+  bench cuda cuda cuda "$BUILD/bench/cuda_bench" "" && apis+=(cuda)
 elif ((gpu)); then
   fail "GPU present but $BUILD/bench/cuda_bench not built (nvcc missing?)"
 else
   log "cuda: skipped (no GPU)"
 fi
 if [[ -x $BUILD/bench/opencl_bench ]]; then
-  if start_server opencl; then bench opencl "$server" "$BUILD/bench/opencl_bench" --no-cuda && ran=$((ran + 1)); else fail "no OpenCL server"; fi
+  bench opencl opencl ocl "$BUILD/bench/opencl_bench" --no-cuda && apis+=(opencl)
 else
   fail "not built: $BUILD/bench/opencl_bench"
 fi
 
-# The raw fabric limit on the provider Tandem picks by default, same host.
-: >"$work/fabric.txt"
-PING=$BUILD/fabric/tandem_fabric_pingpong
-if [[ -x $PING ]]; then
-  if timeout -k 5 "$RUN_TIMEOUT" "$PING" --iters "$PING_ITERS" >"$OUT/fabric-raw.txt" 2>"$OUT/fabric.log"; then
-    awk '/^8 B round trip:/ { gsub(",", ""); printf "fabric_rtt_8B_median %s us\nfabric_rtt_8B_p90 %s us\n", $6, $9 }
-         /^RMA (read|write) 64 MiB:/ { printf "fabric_rma_%s_64MiB %s GB/s\n", $2, $8 }' \
-      "$OUT/fabric-raw.txt" >"$work/fabric.txt"
-    check "$work/fabric.txt"
+# Workloads (examples that print `time: X s`): native and through Tandem, when built.
+# workload NAME BACKEND SERVERS RUNFLAGS PROGRAM ARGS...
+: >"$OUT/workloads.txt"
+workload() {
+  local name=$1 backend=$2 n=$3 flags=$4 rc; shift 4
+  [[ -x $1 ]] || return 0
+  local RUN_TIMEOUT=$WORK_TIMEOUT
+  log "workload $name: native"
+  run_native "work-$name-native" "$@"; rc=$?
+  local nat_why="" tan_why=""
+  ((rc)) && nat_why="($(reason "work-$name-native" $rc))"
+  if need_servers "$backend" "$PROVIDER" "$n"; then
+    log "workload $name: through Tandem ($n servers)"
+    run_tandem "work-$name-tandem" "$PROVIDER" "$list" "$flags" "$@"; rc=$?
+    ((rc)) && tan_why="($(reason "work-$name-tandem" $rc))"
   else
-    fail "tandem_fabric_pingpong (exit $?): $(tail -3 "$OUT/fabric.log")"
+    tan_why="($n $backend servers did not start)"
+  fi
+  printf '%s\t%s\t%s\t%s\n' "$name" "$n" "$nat_why" "$tan_why" >>"$OUT/workloads.txt"
+}
+if ((QUICK)); then
+  log "workloads: skipped in quick mode"
+else
+  workload advection_4dev opencl 4 --no-cuda "$BUILD/examples/opencl/advection" --devices 4
+  workload multi_matmul_4dev opencl 4 --no-cuda "$BUILD/examples/opencl/multi_matmul" --devices 4
+  if ((gpu)); then
+    workload remd cuda 1 "" "$BUILD/examples/cuda/remd"
+    workload remd_2srv cuda 2 "" "$BUILD/examples/cuda/remd"
+  fi
+fi
+
+# The raw fabric limit of each provider used, same host, no GPU API.
+PING=$BUILD/fabric/tandem_fabric_pingpong
+pingpong() {
+  local prov=$1 rc
+  # shellcheck disable=SC2046
+  env $(prov_env "$prov") timeout -k 5 "$RUN_TIMEOUT" "$PING" --provider "$prov" --iters "$PING_ITERS" \
+    >"$OUT/fabric-$2.txt" 2>"$OUT/fabric-$2.log"; rc=$?
+  ((rc == 0)) && return 0
+  echo "n/a ($(reason "fabric-$2" $rc))" >"$OUT/fabric-$2.txt"
+  return 1
+}
+if [[ -x $PING ]]; then
+  pingpong "$PROVIDER" tandem || fail "tandem_fabric_pingpong ($PROVIDER): $(cat "$OUT/fabric-tandem.txt")"
+  if ((SHM)); then
+    if ((shm_ok)); then pingpong shm shm || log "tandem_fabric_pingpong (shm): $(cat "$OUT/fabric-shm.txt")"
+    else echo "n/a ($shm_why)" >"$OUT/fabric-shm.txt"; fi
   fi
 else
   fail "not built: $PING"
 fi
 
-# The table.
-fmt='%-30s | %14s | %14s | %7s\n'
-{
-  printf "$fmt" measurement native tandem ratio
-  printf '%s\n' "-------------------------------+----------------+----------------+--------"
-  while read -r n u nat tan r; do
-    printf "$fmt" "$n" "$nat $u" "$tan $u" "$r"
-  done <"$work/rows.txt"
-  if [[ -s $OUT/fabric-raw.txt ]]; then
-    echo "raw fabric limit (tandem_fabric_pingpong, no GPU API):"
-    sed 's/^/  /' "$OUT/fabric-raw.txt"
-  fi
-  echo "ratio: Tandem's cost over native (time: tandem/native; GB/s: native/tandem); >1 means slower"
-} | tee "$OUT/table.txt"
-
-# bench.json
-{
-  printf '{\n  "quick": %s,\n  "host": "%s",\n  "gpu": %s,\n' "$([[ $QUICK == 1 ]] && echo true || echo false)" \
-    "$(hostname | sed 's/["\\]//g')" "$([[ $gpu == 1 ]] && echo true || echo false)"
-  printf '  "measurements": [\n'
-  awk '{ printf "%s    {\"name\": \"%s\", \"unit\": \"%s\", \"native\": %s, \"tandem\": %s, \"ratio\": %s}",
-         (NR > 1 ? ",\n" : ""), $1, $2, $3, ($4 == "-" ? "null" : $4), ($5 == "-" ? "null" : $5) }
-       END { if (NR) printf "\n" }' "$work/rows.txt"
-  printf '  ],\n  "fabric": [\n'
-  awk '{ printf "%s    {\"name\": \"%s\", \"value\": %s, \"unit\": \"%s\"}", (NR > 1 ? ",\n" : ""), $1, $2, $3 }
-       END { if (NR) printf "\n" }' "$work/fabric.txt"
-  printf '  ],\n  "fabric_raw": ['
-  if [[ -s $OUT/fabric-raw.txt ]]; then
-    awk '{ gsub(/["\\]/, ""); printf "%s\"%s\"", (NR > 1 ? ", " : ""), $0 }' "$OUT/fabric-raw.txt"
-  fi
-  printf ']\n}\n'
-} >"$OUT/bench.json"
+# The table and bench.json.
+python3 "$HERE/report.py" --out "$OUT" --quick "$QUICK" --gpu "$gpu" --provider "$PROVIDER" --shm "$SHM" \
+  --host "$(hostname)" --apis "${apis[*]:-}" | tee "$OUT/table.txt"
+((${PIPESTATUS[0]} == 0)) || fail "report.py failed"
 
 if python3 -c 'import matplotlib' 2>/dev/null; then
   python3 "$HERE/plot.py" "$OUT/bench.json" "$OUT/bench.png" || log "plot.py failed (chart skipped)"
 fi
 
-rows=$(wc -l <"$work/rows.txt")
-if ((rows == 0)); then fail "no measurements compared"; fi
-log "$rows measurements compared over $ran benchmark(s); table, bench.json in $OUT"
+((${#apis[@]})) || fail "no benchmark compared"
+log "${#apis[@]} benchmark(s) compared (${apis[*]:-none}); table.txt, bench.json in $OUT"
 exit "$failed"
