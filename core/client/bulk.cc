@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <thread>
 #include <mutex>
 
 #include "tandem/client/completion.h"
@@ -23,6 +24,18 @@ bool UseRma(Session& s, uint64_t size) { return s.rma() && size > ir::kInlineDat
 
 Status Completion::Wait() {
   auto start = std::chrono::steady_clock::now();
+  // With keepalive the reply usually comes within the spin window: look for it before
+  // sleeping (a wake-up from the kernel is a good part of a small read back's latency).
+  if (KeepaliveInterval() != Clock::duration::zero()) {
+    const auto until = start + std::chrono::microseconds(200);
+    while (std::chrono::steady_clock::now() < until) {
+      {
+        std::lock_guard<std::mutex> l(m_);
+        if (done_) break;
+      }
+      std::this_thread::yield();
+    }
+  }
   std::unique_lock<std::mutex> l(m_);
   cv_.wait(l, [&] { return done_; });
   Stats::Get().AddWait(std::chrono::steady_clock::now() - start);

@@ -220,6 +220,26 @@ class ClientBulk : public BulkIO {
   std::shared_ptr<FabricBulk> current_;
 };
 
+// How long the executor and the waiter look for work before they sleep (the client's
+// keepalive asks for it through Warm's spin_us; 0 otherwise): a thread asleep in the kernel
+// is most of an idle link's latency cliff.
+std::atomic<int> g_spin_us{0};
+
+// Yields until `ready()` or the spin window has passed (then the caller waits normally).
+template <class Ready>
+void SpinFor(std::mutex& mu, Ready ready) {
+  const int us = g_spin_us.load(std::memory_order_relaxed);
+  if (us <= 0) return;
+  const auto until = Clock::now() + std::chrono::microseconds(us);
+  while (Clock::now() < until) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (ready()) return;
+    }
+    std::this_thread::yield();
+  }
+}
+
 // Runs deferred replies (a read back or synchronize that waits on the device) one after
 // another, in the order the executor handed them over, and sends each when it is ready.
 class Waiter {
@@ -239,6 +259,7 @@ class Waiter {
   void Loop() {
     for (;;) {
       LateReply next;
+      SpinFor(mu_, [this] { return !queue_.empty(); });
       {
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait(lock, [this] { return !queue_.empty(); });
@@ -288,6 +309,7 @@ class Executor {
   void Loop() {
     for (;;) {
       std::vector<uint8_t> msg;
+      SpinFor(mu_, [this] { return stop_ || !queue_.empty(); });
       {
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
@@ -413,6 +435,7 @@ int RunWorker(const WorkerOptions& opt) {
   session.set_spin_hook([ep = ep.get(), current = -1](uint32_t spin_us) mutable {
     const int want = std::max<int>(fabric::Options{}.spin_us, static_cast<int>(spin_us));
     if (want != current) ep->SetSpin(current = want);
+    g_spin_us.store(static_cast<int>(spin_us));
   });
   session.set_faults(FaultInjection{.bitflip_rate = opt.inject.bitflip_rate, .seed = 0});
   ClientLink link(ep.get());
