@@ -176,28 +176,7 @@ Status GroupSession::Flush() {
 }
 
 Status GroupSession::CallRaw(uint16_t opcode, std::vector<uint8_t> payload, std::vector<uint8_t>* reply_fields) {
-  struct Waiter {
-    std::mutex m;
-    std::condition_variable cv;
-    bool done = false;
-    Status status;
-    std::vector<uint8_t> fields;
-  };
-  auto w = std::make_shared<Waiter>();
-  PostRaw(opcode, std::move(payload), [w](const Status& st, std::span<const uint8_t> fields) {
-    std::lock_guard<std::mutex> l(w->m);
-    w->status = st;
-    w->fields.assign(fields.begin(), fields.end());
-    w->done = true;
-    w->cv.notify_all();
-  });
-  auto start = Clock::now();
-  Flush();
-  std::unique_lock<std::mutex> l(w->m);
-  w->cv.wait(l, [&] { return w->done; });
-  Stats::Get().AddWait(Clock::now() - start);
-  if (reply_fields) *reply_fields = std::move(w->fields);
-  return w->status;
+  return PostAndWait(*this, opcode, std::move(payload), reply_fields);
 }
 
 std::vector<ir::AsyncError> GroupSession::TakeAsyncErrors() {

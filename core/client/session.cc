@@ -172,7 +172,7 @@ Status SessionImpl::FlushLocked(std::unique_lock<std::mutex>& lock) {
   return st;
 }
 
-Status SessionImpl::CallRaw(uint16_t opcode, std::vector<uint8_t> payload, std::vector<uint8_t>* reply_fields) {
+Status PostAndWait(Session& s, uint16_t opcode, std::vector<uint8_t> payload, std::vector<uint8_t>* reply_fields) {
   struct Waiter {
     std::mutex m;
     std::condition_variable cv;
@@ -181,7 +181,7 @@ Status SessionImpl::CallRaw(uint16_t opcode, std::vector<uint8_t> payload, std::
     std::vector<uint8_t> fields;
   };
   auto w = std::make_shared<Waiter>();
-  PostRaw(opcode, std::move(payload), [w](const Status& st, std::span<const uint8_t> fields) {
+  s.PostRaw(opcode, std::move(payload), [w](const Status& st, std::span<const uint8_t> fields) {
     std::lock_guard<std::mutex> l(w->m);
     w->status = st;
     w->fields.assign(fields.begin(), fields.end());
@@ -189,12 +189,16 @@ Status SessionImpl::CallRaw(uint16_t opcode, std::vector<uint8_t> payload, std::
     w->cv.notify_all();
   });
   auto start = Clock::now();
-  Flush();
+  s.Flush();
   std::unique_lock<std::mutex> l(w->m);
   w->cv.wait(l, [&] { return w->done; });
   Stats::Get().AddWait(Clock::now() - start);
   if (reply_fields) *reply_fields = std::move(w->fields);
   return w->status;
+}
+
+Status SessionImpl::CallRaw(uint16_t opcode, std::vector<uint8_t> payload, std::vector<uint8_t>* reply_fields) {
+  return PostAndWait(*this, opcode, std::move(payload), reply_fields);
 }
 
 Result<std::unique_ptr<fabric::MemoryRegion>> SessionImpl::Register(const void* addr, size_t len,

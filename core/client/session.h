@@ -16,6 +16,10 @@ namespace tandem::client {
 
 using Clock = std::chrono::steady_clock;
 
+// Posts a command with a reply function, flushes, and waits for the reply (every
+// Session's CallRaw).
+Status PostAndWait(Session& s, uint16_t opcode, std::vector<uint8_t> payload, std::vector<uint8_t>* reply_fields);
+
 // A fresh random transfer id for a server-to-server copy (a capability: whoever knows it
 // may pull the bytes from the source worker).
 uint64_t NewTransferId();

@@ -15,8 +15,6 @@
 # session is a worker process; its exit frees everything).
 set -u -o pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-source "$HERE/../../scripts/lib/tandemd.sh"
-source "$HERE/../../scripts/lib/opencl-vendors.sh"
 
 scenario=${1:-}; BUILD=${2:-}
 fail() { echo "ft: FAIL: $*" >&2; exit 1; }
@@ -30,65 +28,9 @@ if [[ $API == cuda ]]; then
 fi
 for f in "$TANDEMD" "$TANDEM" "$PROG"; do [[ -x $f ]] || fail "not built: $f"; done
 
-work=$(mktemp -d "${TMPDIR:-/tmp}/tandem-ft.XXXXXX") || fail mktemp
-declare -A PID ADDR
-cleanup() {
-  local rc=$? name
-  for name in "${!PID[@]}"; do
-    kill -CONT -- "-${PID[$name]}" 2>/dev/null
-    stop_tandemd "${PID[$name]}"
-  done
-  if ((rc != 0)); then
-    for f in "$work"/*.err "$work"/*.log; do [[ -s $f ]] && { echo "---- $f (last 25 lines)"; tail -25 "$f"; } >&2; done
-  fi
-  rm -rf "$work"
-  exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-NATIVE=$(native_opencl_vendors "$work") || fail "no native OpenCL"
-NATIVE_LIBS=$(icd_libs "$NATIVE")
-export POCL_CACHE_DIR=${POCL_CACHE_DIR:-$work/pocl-cache}
-mkdir -p "$POCL_CACHE_DIR"
-unset OCL_ICD_FILENAMES TANDEM_SERVERS LD_PRELOAD TANDEM_REDUNDANCY TANDEM_SPARE_SERVERS
-export TANDEM_CONNECT_TIMEOUT_MS=5000
+source "$HERE/lib.sh"
 ROUNDS=${FT_ROUNDS:-300}
 ARGS=(--rounds "$ROUNDS" --sleep-ms "${FT_SLEEP_MS:-5}")
-
-# start NAME [tandemd options...]: a server in its own process group.
-start() {
-  local name=$1 port tries; shift
-  for tries in 1 2 3; do
-    port=$(free_port)
-    ADDR[$name]=127.0.0.1:$port
-    OCL_ICD_VENDORS=$NATIVE OCL_ICD_FILENAMES=$NATIVE_LIBS setsid "$TANDEMD" --listen "${ADDR[$name]}" \
-      --backend "$API" "$@" >"$work/$name.log" 2>&1 &
-    PID[$name]=$!
-    local deadline=$((SECONDS + 30))
-    while ((SECONDS < deadline)) && kill -0 "${PID[$name]}" 2>/dev/null; do
-      TANDEM_CONNECT_TIMEOUT_MS=2000 "$TANDEM" info --servers "${ADDR[$name]}" >/dev/null 2>&1 && return 0
-      sleep 0.2
-    done
-    stop_tandemd "${PID[$name]}"
-  done
-  fail "tandemd $name did not start"
-}
-stop() { stop_tandemd "${PID[$1]}"; unset "PID[$1]"; }
-
-# sessions NAME: live session workers of a server.
-sessions() { pgrep -P "${PID[$1]}" 2>/dev/null | wc -l; }
-# no_leaks NAME...: each server's sessions end within 10 s of the program's exit.
-no_leaks() {
-  local name deadline
-  for name in "$@"; do
-    deadline=$((SECONDS + 10))
-    while (($(sessions "$name") > 0)); do
-      ((SECONDS < deadline)) || fail "$name still holds $(sessions "$name") session(s) of the finished program"
-      sleep 0.2
-    done
-  done
-}
 
 # wait_running OUT PID: until the program (PID) has printed its first rounds (so a fault
 # hits the run itself, not the start-up, which the spare covers differently).

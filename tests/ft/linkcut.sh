@@ -15,8 +15,6 @@
 #   linkcut.sh BUILD_DIR
 set -u -o pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-source "$HERE/../../scripts/lib/tandemd.sh"
-source "$HERE/../../scripts/lib/opencl-vendors.sh"
 
 BUILD=${1:-}
 fail() { echo "linkcut: FAIL: $*" >&2; exit 1; }
@@ -24,63 +22,13 @@ note() { echo "linkcut: $*" >&2; }
 TANDEMD=$BUILD/server/tandemd TANDEM=$BUILD/tools/tandem PROG=$BUILD/tests/ft/ft_iterate
 for f in "$TANDEMD" "$TANDEM" "$PROG"; do [[ -x $f ]] || fail "not built: $f"; done
 
-work=$(mktemp -d "${TMPDIR:-/tmp}/tandem-linkcut.XXXXXX") || fail mktemp
-declare -A PID ADDR
-cleanup() {
-  local rc=$? name
-  for name in "${!PID[@]}"; do stop_tandemd "${PID[$name]}"; done
-  if ((rc != 0)); then
-    for f in "$work"/*.err "$work"/*.log; do [[ -s $f ]] && { echo "---- $f (last 30 lines)"; tail -30 "$f"; } >&2; done
-  fi
-  rm -rf "$work"
-  exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-NATIVE=$(native_opencl_vendors "$work") || fail "no native OpenCL"
-NATIVE_LIBS=$(icd_libs "$NATIVE")
-export POCL_CACHE_DIR=${POCL_CACHE_DIR:-$work/pocl-cache}
-mkdir -p "$POCL_CACHE_DIR"
-unset OCL_ICD_FILENAMES TANDEM_SERVERS LD_PRELOAD TANDEM_REDUNDANCY TANDEM_SPARE_SERVERS TANDEM_CHECKPOINT_PERIOD
-export TANDEM_CONNECT_TIMEOUT_MS=5000
+SERVER_ENV=TANDEM_LOG=info  # the server's log shows each resume
+source "$HERE/lib.sh"
 ROUNDS=${LINKCUT_ROUNDS:-200}
 ARGS=(--rounds "$ROUNDS" --sleep-ms "${LINKCUT_SLEEP_MS:-2}")
 CUT_EVERY=${LINKCUT_EVERY:-60}  # batches between two cuts
 CUTS=${LINKCUT_TIMES:-4}
 
-# start NAME [tandemd options...]: a server in its own process group.
-start() {
-  local name=$1 port tries; shift
-  for tries in 1 2 3; do
-    port=$(free_port)
-    ADDR[$name]=127.0.0.1:$port
-    OCL_ICD_VENDORS=$NATIVE OCL_ICD_FILENAMES=$NATIVE_LIBS TANDEM_LOG=info setsid "$TANDEMD" \
-      --listen "${ADDR[$name]}" --backend opencl "$@" >"$work/$name.log" 2>&1 &
-    PID[$name]=$!
-    local deadline=$((SECONDS + 30))
-    while ((SECONDS < deadline)) && kill -0 "${PID[$name]}" 2>/dev/null; do
-      TANDEM_CONNECT_TIMEOUT_MS=2000 "$TANDEM" info --servers "${ADDR[$name]}" >/dev/null 2>&1 && return 0
-      sleep 0.2
-    done
-    stop_tandemd "${PID[$name]}"
-  done
-  fail "tandemd $name did not start"
-}
-
-# sessions NAME: live session workers of a server.
-sessions() { pgrep -P "${PID[$1]}" 2>/dev/null | wc -l; }
-# no_leaks NAME...: each server's sessions end within 10 s of the program's exit.
-no_leaks() {
-  local name deadline
-  for name in "$@"; do
-    deadline=$((SECONDS + 10))
-    while (($(sessions "$name") > 0)); do
-      ((SECONDS < deadline)) || fail "$name still holds $(sessions "$name") session(s) of the finished program"
-      sleep 0.2
-    done
-  done
-}
 stat_of() { grep -o "[0-9]* $2" "$1" | grep -o "^[0-9]*" | head -1; }
 
 OCL_ICD_VENDORS=$NATIVE OCL_ICD_FILENAMES=$NATIVE_LIBS timeout 300 "$PROG" "${ARGS[@]}" >"$work/native.out" ||
