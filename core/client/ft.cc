@@ -97,6 +97,14 @@ uint64_t SignalOf(uint16_t opcode, const std::vector<uint8_t>& payload) {
   return signal;
 }
 
+// Posts to a fresh session the objects a replica had (`creates`, in creation order) and makes
+// the events its commands had signalled (`signals`) exist again, complete.
+void Recreate(SessionImpl* s, const std::vector<std::pair<uint16_t, std::vector<uint8_t>>>& creates,
+              const std::set<uint64_t>& signals) {
+  for (const auto& [opcode, payload] : creates) s->PostRaw(opcode, payload, nullptr);
+  for (uint64_t e : signals) s->Post(ir::MarkerReq{.stream = 0, .barrier = 0, .wait = {}, .signal = e});
+}
+
 }  // namespace
 
 // ---- configuration ------------------------------------------------------------------------
@@ -609,9 +617,7 @@ Status FaultTolerance::RestoreFresh(GroupSession* g, size_t i, const std::string
     g->outvoted_.push_back(0);
   }
   g->outvoted_[i] = 0;
-  for (const auto& [opcode, payload] : g->ckpt_creates_) s->PostRaw(opcode, payload, nullptr);
-  // Events that commands before the checkpoint signalled exist again, complete.
-  for (uint64_t e : g->ckpt_signals_) s->Post(ir::MarkerReq{.stream = 0, .barrier = 0, .wait = {}, .signal = e});
+  Recreate(s, g->ckpt_creates_, g->ckpt_signals_);
   for (const auto& [buffer, region] : ckpt_[g]) {
     for (size_t c = 0; c < region.chunks.size(); ++c) {
       const auto& bytes = region.chunks[c];
@@ -752,8 +758,7 @@ void FaultTolerance::ReplaceLost(GroupSession* g, size_t i, const std::string& w
       if (st.ok()) {
         SessionImpl* s = opened.value();
         s->set_forward_output(false);
-        for (const auto& [opcode, payload] : g->creates_) s->PostRaw(opcode, payload, nullptr);
-        for (uint64_t e : g->signals_) s->Post(ir::MarkerReq{.stream = 0, .barrier = 0, .wait = {}, .signal = e});
+        Recreate(s, g->creates_, g->signals_);
         SessionImpl* old = g->replicas_[i];
         g->replicas_[i] = s;
         g->addresses_[i] = spare;

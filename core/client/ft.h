@@ -107,7 +107,6 @@ class FaultTolerance {
   FaultTolerance(FtConfig config, SessionSource* source);
   ~FaultTolerance();
   GroupSession* AddGroup(std::vector<SessionImpl*> replicas, std::vector<std::string> addresses);
-  const FtConfig& config() const { return config_; }
   // The next spare, taken from the pool ("" when none is left): for a server that is already
   // unreachable when the program starts.
   std::string TakeSpare();

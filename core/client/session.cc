@@ -334,15 +334,8 @@ void SessionImpl::ForwardOutput(std::span<const uint8_t> payload) {
 }
 
 void SessionImpl::OnLost(const Status& why) {
-  std::map<uint64_t, RawReplyFn> failed;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!health_.ok()) return;
-    health_ = why;
-    failed.swap(pending_);
-  }
+  if (!Close(why)) return;
   log::Error("lost server {}: {}", server_, why.message());
-  for (auto& [seq, fn] : failed) fn(why, {});
   if (lost_hook_) lost_hook_(this);
 }
 
@@ -535,15 +528,16 @@ Clock::duration SessionImpl::Keepalive(std::unique_lock<std::mutex>& lock, Clock
   return every;
 }
 
-void SessionImpl::Close(const Status& why) {
+bool SessionImpl::Close(const Status& why) {
   std::map<uint64_t, RawReplyFn> failed;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!health_.ok()) return;
+    if (!health_.ok()) return false;
     health_ = why;
     failed.swap(pending_);
   }
   for (auto& [seq, fn] : failed) fn(why, {});
+  return true;
 }
 
 Clock::duration SessionImpl::Tick(Clock::time_point now) {

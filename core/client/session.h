@@ -66,7 +66,8 @@ class SessionImpl final : public Session {
   // Fails every outstanding reply and refuses new work.
   void OnLost(const Status& why);
   // The same, on purpose (a session fault tolerance retired): no lost hook, no error log.
-  void Close(const Status& why);
+  // False when the session was already closed or lost.
+  bool Close(const Status& why);
   // Periodic duties: flush a batch that waited long enough, ping an idle link, declare
   // the server lost when it stopped answering. Returns how soon it wants to run again.
   Clock::duration Tick(Clock::time_point now);

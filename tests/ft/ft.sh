@@ -116,8 +116,8 @@ bitflip2 | bitflip3)
   run_tandem "$work/run.out" || fail "the program failed"
   cmp -s "$work/native.out" "$work/run.out" || { diff "$work/native.out" "$work/run.out" | head >&2; fail "output differs"; }
   injected=$(flips a)
-  found=$(grep -o "[0-9]* mismatches" "$work/run.out.err" | grep -o "^[0-9]*")
-  rollbacks=$(grep -o "[0-9]* rollbacks" "$work/run.out.err" | grep -o "^[0-9]*")
+  found=$(stat_of "$work/run.out.err" mismatches)
+  rollbacks=$(stat_of "$work/run.out.err" rollbacks)
   note "N=$n: $injected flips injected, ${found:-0} mismatches detected, ${rollbacks:-0} rollbacks; output identical"
   ((injected > 0)) || fail "no flip was injected: raise FT_FLIP_RATE"
   ((${found:-0} >= injected)) || fail "$injected flips injected but only ${found:-0} detected"
