@@ -129,25 +129,10 @@ int main(int argc, char** argv) {
 
   /* The platform and all its devices, in one context; D queues round-robin on them. */
   example_env env;
-  example_pick(&env, 0);
   cl_uint ndev = 0;
-  CHECK(clGetDeviceIDs(env.platform, CL_DEVICE_TYPE_ALL, 0, NULL, &ndev));
-  cl_device_id* devs = (cl_device_id*)calloc(ndev, sizeof *devs);
-  CHECK(clGetDeviceIDs(env.platform, CL_DEVICE_TYPE_ALL, ndev, devs, NULL));
-  CHECK(clReleaseCommandQueue(env.queue));
-  CHECK(clReleaseContext(env.context));
+  cl_device_id* devs = example_pick_all(&env, &ndev);
   cl_int err;
-  cl_context_properties cprops[] = {CL_CONTEXT_PLATFORM, (cl_context_properties)env.platform, 0};
-  env.context = clCreateContext(cprops, ndev, devs, NULL, NULL, &err);
-  CHECK_ERR(err, "clCreateContext");
-  cl_program prog = clCreateProgramWithSource(env.context, 1, &kSrc, NULL, &err);
-  CHECK_ERR(err, "clCreateProgramWithSource");
-  if ((err = clBuildProgram(prog, ndev, devs, "-cl-std=CL1.2", NULL, NULL)) != CL_SUCCESS) {
-    char log[8192] = "";
-    clGetProgramBuildInfo(prog, devs[0], CL_PROGRAM_BUILD_LOG, sizeof log - 1, log, NULL);
-    fprintf(stderr, "clBuildProgram failed: %d\n%s\n", (int)err, log);
-    return 1;
-  }
+  cl_program prog = example_build_for(&env, ndev, devs, kSrc, "-cl-std=CL1.2");
   char* pname = example_platform_str(env.platform, CL_PLATFORM_NAME);
   printf("time: platform %s, %u device(s), %d queue(s)\n", pname, ndev, D);
   free(pname);

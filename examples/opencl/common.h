@@ -106,22 +106,47 @@ static inline void example_release(example_env* env) {
   CHECK(clReleaseContext(env->context));
 }
 
-/* Prints the build log on stderr and fails when the build does. */
-static inline cl_program example_build(example_env* env, const char* src, const char* options) {
+/* Every device of the picked platform in one context, replacing env's one-device context
+ * and queue (multi-device programs make a queue per device themselves). Returns the
+ * devices (the caller frees them) and their count in *ndev. */
+static inline cl_device_id* example_pick_all(example_env* env, cl_uint* ndev) {
+  example_pick(env, 0);
+  CHECK(clGetDeviceIDs(env->platform, CL_DEVICE_TYPE_ALL, 0, NULL, ndev));
+  cl_device_id* devs = (cl_device_id*)calloc(*ndev, sizeof *devs);
+  CHECK(clGetDeviceIDs(env->platform, CL_DEVICE_TYPE_ALL, *ndev, devs, NULL));
+  CHECK(clReleaseCommandQueue(env->queue));
+  CHECK(clReleaseContext(env->context));
+  env->queue = NULL;
+  cl_int err;
+  cl_context_properties cprops[] = {CL_CONTEXT_PLATFORM, (cl_context_properties)env->platform, 0};
+  env->context = clCreateContext(cprops, *ndev, devs, NULL, NULL, &err);
+  CHECK_ERR(err, "clCreateContext");
+  return devs;
+}
+
+/* Builds for `ndev` devices of env's context; prints the build log on stderr and fails
+ * when the build does. */
+static inline cl_program example_build_for(example_env* env, cl_uint ndev, const cl_device_id* devs, const char* src,
+                                           const char* options) {
   cl_int err;
   cl_program prog = clCreateProgramWithSource(env->context, 1, &src, NULL, &err);
   CHECK_ERR(err, "clCreateProgramWithSource");
-  err = clBuildProgram(prog, 1, &env->device, options, NULL, NULL);
+  err = clBuildProgram(prog, ndev, devs, options, NULL, NULL);
   if (err != CL_SUCCESS) {
     size_t n = 0;
-    clGetProgramBuildInfo(prog, env->device, CL_PROGRAM_BUILD_LOG, 0, NULL, &n);
+    clGetProgramBuildInfo(prog, devs[0], CL_PROGRAM_BUILD_LOG, 0, NULL, &n);
     char* log = (char*)calloc(n + 1, 1);
-    clGetProgramBuildInfo(prog, env->device, CL_PROGRAM_BUILD_LOG, n, log, NULL);
+    clGetProgramBuildInfo(prog, devs[0], CL_PROGRAM_BUILD_LOG, n, log, NULL);
     fprintf(stderr, "clBuildProgram failed: %d\n%s\n", (int)err, log);
     free(log);
     exit(1);
   }
   return prog;
+}
+
+/* Prints the build log on stderr and fails when the build does. */
+static inline cl_program example_build(example_env* env, const char* src, const char* options) {
+  return example_build_for(env, 1, &env->device, src, options);
 }
 
 static inline cl_kernel example_kernel(cl_program prog, const char* name) {
