@@ -32,11 +32,13 @@ source "$HERE/lib.sh"
 ROUNDS=${FT_ROUNDS:-300}
 ARGS=(--rounds "$ROUNDS" --sleep-ms "${FT_SLEEP_MS:-5}")
 
-# wait_running OUT PID: until the program (PID) has printed its first rounds (so a fault
-# hits the run itself, not the start-up, which the spare covers differently).
+# wait_running OUT PID [ROUND]: until the program (PID) has printed round ROUND (default:
+# any round), so a fault hits the run itself, not the start-up, which the spare covers
+# differently, nor its end.
 wait_running() {
-  local deadline=$((SECONDS + 60))
-  until grep -q '^round' "$1" 2>/dev/null; do
+  local deadline=$((SECONDS + 60)) line='^round'
+  [[ -n ${3:-} ]] && line="^round $3:"
+  until grep -q "$line" "$1" 2>/dev/null; do
     kill -0 "$2" 2>/dev/null || return 0
     ((SECONDS < deadline)) || fail "the program never started its rounds"
     sleep 0.02
@@ -66,10 +68,12 @@ kill)
     export TANDEM_SERVERS=${ADDR[a]} TANDEM_SPARE_SERVERS=${ADDR[spare]} TANDEM_CHECKPOINT_PERIOD=0.3
     run_tandem "$work/rep.out" TANDEM_FAILOVER_TIMEOUT_MS=2000 &
     runner=$!
-    # A random moment of the run (0 .. 1.2 s after its first rounds): the broker and its
-    # session worker die.
-    wait_running "$work/rep.out" "$runner"
-    sleep "${FT_KILL_AT:-$(awk -v r=$RANDOM 'BEGIN { printf "%.2f", (r % 120) / 100 }')}"
+    # A random moment of the run: after a random one of rounds 25..200 (of 300) was printed,
+    # 0 .. 0.1 s more; then the broker and its session worker die. Keyed to the program's
+    # progress, not to the clock, so a slow start-up or a busy machine cannot push the kill
+    # past the end of the run.
+    wait_running "$work/rep.out" "$runner" "$((25 * (1 + RANDOM % 8)))"
+    sleep "${FT_KILL_AT:-$(awk -v r=$RANDOM 'BEGIN { printf "%.2f", (r % 10) / 100 }')}"
     kill -KILL -- "-${PID[a]}" 2>/dev/null
     wait "$runner"; rc=$?
     ((rc == 0)) || fail "rep $rep: the program failed (exit $rc)"
