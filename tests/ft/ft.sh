@@ -66,6 +66,10 @@ kill)
   for rep in $(seq 1 "$reps"); do
     start a; start spare
     export TANDEM_SERVERS=${ADDR[a]} TANDEM_SPARE_SERVERS=${ADDR[spare]} TANDEM_CHECKPOINT_PERIOD=0.3
+    # Emptied here, not by the background job: the previous rep's rounds must not be
+    # mistaken for this one's.
+    : >"$work/rep.out"
+    : >"$work/rep.out.err"
     run_tandem "$work/rep.out" TANDEM_FAILOVER_TIMEOUT_MS=2000 &
     runner=$!
     # A random moment of the run: after a random one of rounds 25..200 (of 300) was printed,
