@@ -62,8 +62,9 @@ fi
 
 case $scenario in
 kill)
-  reps=${FT_REPS:-20}
-  for rep in $(seq 1 "$reps"); do
+  reps=${FT_REPS:-20} rep=0 missed=0
+  while ((rep < reps + missed)); do
+    ((++rep))
     start a; start spare
     export TANDEM_SERVERS=${ADDR[a]} TANDEM_SPARE_SERVERS=${ADDR[spare]} TANDEM_CHECKPOINT_PERIOD=0.3
     # Emptied here, not by the background job: the previous rep's rounds must not be
@@ -83,7 +84,14 @@ kill)
     ((rc == 0)) || fail "rep $rep: the program failed (exit $rc)"
     cmp -s "$work/native.out" "$work/rep.out" || { diff "$work/native.out" "$work/rep.out" | head -40 >&2; fail "rep $rep: output differs"; }
     migrations=$(grep -c "took over\|unreachable at start-up" "$work/rep.out.err")
-    ((migrations >= 1)) || fail "rep $rep: the kill came after the program ended: nothing was tested"
+    if ((migrations == 0)); then
+      # The kill missed the run (seen on a busy CI machine, cause not found yet): this rep
+      # tested nothing, so it does not count; at most 5 such reps in a whole scenario.
+      ((++missed <= 5)) || fail "rep $rep: the kill missed the run $missed times"
+      note "rep $rep: the kill came after the program ended: not counted, run again"
+      stop a; stop spare
+      continue
+    fi
     note "rep $rep: identical output; migrations: $migrations"
     unset "PID[a]"
     no_leaks spare
