@@ -144,6 +144,7 @@ class FaultTolerance {
   Status Checkpoint();
   void RollbackAll(const std::string& why);
   Status RestoreFresh(GroupSession* g, size_t i, const std::string& address, bool replay_log);
+  Status RollbackInPlace(GroupSession* g);
   Status CopyFromPeer(GroupSession* g, size_t bad, size_t good);
   void ReplaceLost(GroupSession* g, size_t i, const std::string& why);
   void OnMismatch(const std::shared_ptr<Op>& op, std::vector<size_t> outvoted, bool majority);

@@ -65,9 +65,9 @@ void Stats::Print(size_t servers) const {
                      wait_ns.load() / 1e9, keepalives.load());
   if (checkpoints || mismatches || rollbacks || migrations || restores) {
     out += fmt::format("fault tolerance: {} checkpoints ({} saved, {:.3f} s), {} mismatches, {} rollbacks ({:.3f} s, "
-                       "{} commands replayed), {} replicas restored from a peer, {} migrations ({:.3f} s)\n",
+                       "{} replicas in place, {} commands replayed), {} replicas restored from a peer, {} migrations ({:.3f} s)\n",
                        checkpoints.load(), Bytes(checkpoint_bytes), checkpoint_ns.load() / 1e9, mismatches.load(),
-                       rollbacks.load(), rollback_ns.load() / 1e9, replayed.load(), restores.load(), migrations.load(),
+                       rollbacks.load(), rollback_ns.load() / 1e9, rollbacks_in_place.load(), replayed.load(), restores.load(), migrations.load(),
                        migration_ns.load() / 1e9);
   }
   if (reconnects || resent)

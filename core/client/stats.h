@@ -18,7 +18,7 @@ struct Stats {
   std::atomic<uint64_t> reconnects{0}, resent{0};  // transient link losses: resumes, batches sent again
   // Fault tolerance.
   std::atomic<uint64_t> checkpoints{0}, checkpoint_bytes{0}, checkpoint_ns{0};
-  std::atomic<uint64_t> mismatches{0}, rollbacks{0}, rollback_ns{0}, replayed{0}, restores{0};
+  std::atomic<uint64_t> mismatches{0}, rollbacks{0}, rollbacks_in_place{0}, rollback_ns{0}, replayed{0}, restores{0};
   std::atomic<uint64_t> migrations{0}, migration_ns{0};
   std::atomic<uint64_t> round_trips{0};
   std::atomic<uint64_t> wait_ns{0};  // time application threads spent waiting on servers

@@ -139,6 +139,8 @@ Result<Broker::Spawned> Broker::SpawnWorker(uint64_t key, bool probe) {
                                    "--status-fd", "3"};
   if (probe) args.push_back("--probe");
   if (opt_.inject.bitflip_rate > 0) args.insert(args.end(), {"--inject-bitflip", fmt::format("{}", opt_.inject.bitflip_rate)});
+  if (opt_.inject.bitflip_per_s > 0)
+    args.insert(args.end(), {"--inject-bitflip-per-s", fmt::format("{}", opt_.inject.bitflip_per_s)});
   if (opt_.inject.stall_after) args.insert(args.end(), {"--inject-stall-after", std::to_string(opt_.inject.stall_after)});
   if (opt_.inject.exit_after) args.insert(args.end(), {"--inject-exit-after", std::to_string(opt_.inject.exit_after)});
   std::vector<char*> argv;

@@ -82,6 +82,10 @@ int main(int argc, char** argv) {
   app.add_option("--inject-bitflip", inject.bitflip_rate,
                  "flip one random bit of the data or digest of a read back with this probability per read back")
       ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--inject-bitflip-per-s", inject.bitflip_per_s,
+                 "instead, flip bits at this many a second (a Poisson process), each in the next read back")
+      ->check(CLI::NonNegativeNumber)
+      ->excludes("--inject-bitflip");
   app.add_option("--inject-stall-after", inject.stall_after, "each session stops answering after this many commands");
   app.add_option("--inject-exit-after", inject.exit_after, "each session's worker dies after this many commands");
   // The worker role: started by the broker itself, never by users.

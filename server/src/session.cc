@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -299,6 +300,7 @@ void Session::set_faults(const FaultInjection& faults) {
   faults_ = faults;
   rng_ = faults.seed ? faults.seed : static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
   rng_ |= 1;
+  next_flip_ = {};
 }
 
 namespace {
@@ -310,10 +312,24 @@ uint64_t NextRandom(uint64_t& x) {  // xorshift64*: injection needs no more
 }
 }  // namespace
 
+// Whether this read back gets a flip (flip_mu_ held).
+bool Session::FlipDue() {
+  const double u = static_cast<double>(NextRandom(rng_) >> 11) * 0x1.0p-53;
+  if (faults_.bitflip_rate > 0) return u < faults_.bitflip_rate;
+  if (faults_.bitflip_per_s <= 0) return false;
+  const auto now = std::chrono::steady_clock::now();
+  const bool first = next_flip_ == std::chrono::steady_clock::time_point{};
+  if (!first && now < next_flip_) return false;
+  // The next one after an exponential wait: a Poisson process in time from the first read back.
+  next_flip_ = now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                         std::chrono::duration<double>(-std::log1p(-u) / faults_.bitflip_per_s));
+  return !first;
+}
+
 void Session::MaybeFlip(std::vector<uint8_t>& data) {
-  if (faults_.bitflip_rate <= 0 || data.empty()) return;
+  if ((faults_.bitflip_rate <= 0 && faults_.bitflip_per_s <= 0) || data.empty()) return;
   std::lock_guard<std::mutex> lock(flip_mu_);
-  if (static_cast<double>(NextRandom(rng_) >> 11) * 0x1.0p-53 >= faults_.bitflip_rate) return;
+  if (!FlipDue()) return;
   const uint64_t bit = NextRandom(rng_) % (data.size() * 8);
   data[bit / 8] ^= static_cast<uint8_t>(1u << (bit % 8));
   ++flips_;
@@ -321,9 +337,9 @@ void Session::MaybeFlip(std::vector<uint8_t>& data) {
 }
 
 void Session::MaybeFlip(std::vector<uint64_t>& digests) {
-  if (faults_.bitflip_rate <= 0 || digests.empty()) return;
+  if ((faults_.bitflip_rate <= 0 && faults_.bitflip_per_s <= 0) || digests.empty()) return;
   std::lock_guard<std::mutex> lock(flip_mu_);
-  if (static_cast<double>(NextRandom(rng_) >> 11) * 0x1.0p-53 >= faults_.bitflip_rate) return;
+  if (!FlipDue()) return;
   const uint64_t bit = NextRandom(rng_) % (digests.size() * 64);
   digests[bit / 64] ^= 1ull << (bit % 64);
   ++flips_;

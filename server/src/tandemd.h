@@ -16,9 +16,10 @@ namespace tandem::server {
 // Fault injection for tests and evaluation (--inject-*), handed from broker to workers.
 struct InjectOptions {
   double bitflip_rate = 0;   // probability per read back of one flipped bit (data or digest)
+  double bitflip_per_s = 0;  // or flips a second, a Poisson process (at the next read back)
   uint64_t stall_after = 0;  // 0: never; else stop answering anything after this many commands
   uint64_t exit_after = 0;   // 0: never; else the worker dies after this many commands
-  bool any() const { return bitflip_rate > 0 || stall_after || exit_after; }
+  bool any() const { return bitflip_rate > 0 || bitflip_per_s > 0 || stall_after || exit_after; }
 };
 
 struct BrokerOptions {

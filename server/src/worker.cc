@@ -437,7 +437,7 @@ int RunWorker(const WorkerOptions& opt) {
     if (want != current) ep->SetSpin(current = want);
     g_spin_us.store(static_cast<int>(spin_us));
   });
-  session.set_faults(FaultInjection{.bitflip_rate = opt.inject.bitflip_rate, .seed = 0});
+  session.set_faults(FaultInjection{.bitflip_rate = opt.inject.bitflip_rate, .bitflip_per_s = opt.inject.bitflip_per_s, .seed = 0});
   ClientLink link(ep.get());
   Executor executor(&session, &link, ep.get(), opt.inject);
   ClientBulk bulk(ep.get(), opt.session_timeout, opt.session_grace);

@@ -10,6 +10,7 @@
 #     stop      one server SIGSTOPped: detected and migrated within 2x TANDEM_FAILOVER_TIMEOUT_MS
 #     bitflip2  --inject-bitflip on one of 2 replicas: every flip detected, none in the output
 #     bitflip3  the same with 3 replicas: no global rollback
+#     bitflip2fresh  bitflip2 with rollbacks through fresh sessions (TANDEM_TEST_FRESH_ROLLBACK)
 #     control   the same flips without redundancy: the output must differ (so the test can fail)
 # After each run the surviving servers must hold no session of the finished program (each
 # session is a worker process; its exit frees everything).
@@ -123,8 +124,10 @@ stop)
   ((ms <= 2 * timeout_ms)) || fail "migration took $ms ms, more than 2x the $timeout_ms ms timeout"
   no_leaks spare
   ;;
-bitflip2 | bitflip3)
-  n=${scenario#bitflip}
+bitflip2 | bitflip3 | bitflip2fresh)
+  n=${scenario#bitflip}; n=${n%fresh}
+  # bitflip2fresh: every rollback rebuilds fresh sessions instead of restoring in place.
+  [[ $scenario == *fresh ]] && export TANDEM_TEST_FRESH_ROLLBACK=1
   start a --inject-bitflip "${FT_FLIP_RATE:-0.02}"; start b
   servers=${ADDR[a]},${ADDR[b]}
   if ((n == 3)); then start c; servers=$servers,${ADDR[c]}; fi
@@ -138,10 +141,16 @@ bitflip2 | bitflip3)
   ((injected > 0)) || fail "no flip was injected: raise FT_FLIP_RATE"
   ((${found:-0} >= injected)) || fail "$injected flips injected but only ${found:-0} detected"
   if ((n == 3)); then ((${rollbacks:-0} == 0)) || fail "N=3 rolled back ${rollbacks} times"; fi
+  in_place=$(grep -o '[0-9]* replicas in place' "$work/run.out.err" | grep -o '^[0-9]*')
+  if [[ $scenario == bitflip2 ]] && ((${rollbacks:-0} > 0)); then
+    ((${in_place:-0} == 2 * rollbacks)) || fail "$rollbacks rollbacks but ${in_place:-0} replicas rolled back in place"
+  fi
+  if [[ $scenario == bitflip2fresh ]]; then ((${in_place:-0} == 0)) || fail "in-place rollbacks despite TANDEM_TEST_FRESH_ROLLBACK"; fi
   no_leaks a b
   ;;
 control)
-  start a --inject-bitflip "${FT_FLIP_RATE:-0.02}"
+  # Flips in time here (a Poisson process), per read back in the other scenarios.
+  start a --inject-bitflip-per-s "${FT_FLIPS_PER_S:-10}"
   export TANDEM_SERVERS=${ADDR[a]}
   run_tandem "$work/run.out" || fail "the program failed"
   injected=$(flips a)

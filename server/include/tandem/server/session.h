@@ -50,9 +50,11 @@ class PeerLink {
 };
 
 // Fault injection for tests and evaluation (tandemd --inject-*): flips one random bit of
-// the data or digest of a read back with probability `bitflip_rate` per read back.
+// the data or digest of a read back with probability `bitflip_rate` per read back, or as a
+// Poisson process of `bitflip_per_s` flips a second (the first read back once one is due).
 struct FaultInjection {
   double bitflip_rate = 0;
+  double bitflip_per_s = 0;
   uint64_t seed = 0;  // 0: from the clock
 };
 
@@ -114,6 +116,7 @@ class Session {
   // Maybe flips one bit of a read back (fault injection).
   void MaybeFlip(std::vector<uint8_t>& data);
   void MaybeFlip(std::vector<uint64_t>& digests);
+  bool FlipDue();
   Status WithBulk(BulkIO* io, const std::function<Status()>& run);
   Status Execute(const ir::AttachReq& req, ir::AttachRep* rep);
   Status Execute(const ir::PingReq& req, ir::PingRep* rep);
@@ -141,6 +144,7 @@ class Session {
   std::function<void(uint32_t)> spin_hook_;
   FaultInjection faults_;
   std::mutex flip_mu_;  // late replies flip on the waiter thread
+  std::chrono::steady_clock::time_point next_flip_;  // with bitflip_per_s
   uint64_t rng_ = 0;
   uint64_t flips_ = 0;
   std::atomic<uint64_t> commands_run_{0};
