@@ -22,10 +22,10 @@ class PeerSource final : public BulkIO {
     if (len != size_) return Status(Code::kInternal, fmt::format("PeerSend of {} bytes asked for {}", size_, len));
     for (size_t offset = 0; offset < len;) {
       const size_t n = std::min(FabricPeerLink::kChunk, len - offset);
-      ir::PeerDataReq data{transfer_, offset, ir::bytes(n)};
-      TANDEM_RETURN_IF_ERROR(source(data.data.data(), offset, n));
+      // The backend fills the message itself: no copy between its read and the send.
       ir::BatchWriter w(ir::BatchKind::kRequests);
-      w.AddRequest(data, 0);
+      uint8_t* into = w.AddRequestWithTail(ir::PeerDataReq{transfer_, offset, {}}, n, 0);
+      TANDEM_RETURN_IF_ERROR(source(into, offset, n));
       Status st = link_->endpoint_->Send(to_, w.Finish());
       if (!st.ok()) return Status(Code::kLinkLost, "PeerSend: the pulling server is gone: " + st.message());
       offset += n;
@@ -53,12 +53,12 @@ class PeerSink final : public BulkIO {
     for (size_t offset = 0; offset < len;) {
       auto chunk = link_->NextChunk(transfer_);
       if (!chunk.ok()) return chunk.status();
-      auto& [at, bytes] = chunk.value();
-      if (at != offset || bytes.empty() || bytes.size() > len - offset)
+      const FabricPeerLink::Chunk& c = chunk.value();
+      if (c.offset != offset || c.len == 0 || c.len > len - offset)
         return Status::Protocol(fmt::format("PeerData of transfer {:#x}: bytes [{}, +{}) where [{}, ...) was due",
-                                            transfer_, at, bytes.size(), offset));
-      TANDEM_RETURN_IF_ERROR(sink(bytes.data(), offset, bytes.size()));
-      offset += bytes.size();
+                                            transfer_, c.offset, c.len, offset));
+      TANDEM_RETURN_IF_ERROR(sink(c.data(), offset, c.len));
+      offset += c.len;
     }
     return Status::Ok();
   }
@@ -123,7 +123,7 @@ Status FabricPeerLink::SendPull(fabric::PeerId peer, uint64_t transfer, uint64_t
   return st;
 }
 
-Result<std::pair<uint64_t, std::vector<uint8_t>>> FabricPeerLink::NextChunk(uint64_t transfer) {
+Result<FabricPeerLink::Chunk> FabricPeerLink::NextChunk(uint64_t transfer) {
   std::unique_lock<std::mutex> lock(mu_);
   Inbox& in = inboxes_[transfer];
   const bool ready = cv_.wait_for(lock, timeout_, [&] { return !in.chunks.empty() || !in.failed.ok(); });
@@ -141,10 +141,12 @@ void FabricPeerLink::CloseInbox(uint64_t transfer) {
   inboxes_.erase(transfer);
 }
 
-bool FabricPeerLink::OnMessage(fabric::PeerId peer, std::span<const uint8_t> msg) {
+bool FabricPeerLink::OnMessage(fabric::PeerId peer, std::vector<uint8_t>&& message) {
   std::vector<ir::Record> records;
-  Status st = ir::ParseBatch(msg, ir::BatchKind::kRequests, &records);
+  Status st = ir::ParseBatch(message, ir::BatchKind::kRequests, &records);
   if (!st.ok() || records.empty()) return false;
+  // A chunk keeps the message it came in (one PeerData per message): its bytes are not copied.
+  auto owner = std::make_shared<std::vector<uint8_t>>(std::move(message));
   std::lock_guard<std::mutex> lock(mu_);
   for (const ir::Record& rec : records) {
     if (rec.header.opcode == static_cast<uint16_t>(ir::Opcode::kPeerPull)) {
@@ -152,15 +154,20 @@ bool FabricPeerLink::OnMessage(fabric::PeerId peer, std::span<const uint8_t> msg
       if (!ir::DecodeRequest(rec.payload, &pull).ok() || pulls_.size() >= kMaxPendingPulls) return false;
       pulls_[pull.transfer] = Pull{peer, pull.size};
     } else if (rec.header.opcode == static_cast<uint16_t>(ir::Opcode::kPeerData)) {
-      ir::PeerDataReq data;
-      if (!ir::DecodeRequest(rec.payload, &data).ok()) return false;
+      // PeerDataReq{transfer, offset, data} read in place.
+      ir::Reader r(rec.payload);
+      uint64_t transfer, offset;
+      uint32_t n;
+      if (!r.GetInt(&transfer) || !r.GetInt(&offset) || !r.GetCount(&n, ir::kMaxBytes, 1) || r.remaining() != n)
+        return false;
       // Only from a worker this one asked, for a transfer it is receiving from that worker.
-      auto it = inboxes_.find(data.transfer);
+      auto it = inboxes_.find(transfer);
       if (!outgoing_.contains(peer) || it == inboxes_.end() || it->second.from != peer) {
-        log::Warn("PeerData for transfer {:#x} nobody here asked that peer for: dropped", data.transfer);
+        log::Warn("PeerData for transfer {:#x} nobody here asked that peer for: dropped", transfer);
         continue;
       }
-      it->second.chunks.emplace_back(data.offset, std::move(data.data));
+      const size_t at = static_cast<size_t>(r.cursor() - owner->data());
+      it->second.chunks.push_back(Chunk{offset, owner, at, n});
     } else {
       return false;
     }

@@ -13,6 +13,7 @@
 #include <condition_variable>
 #include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <span>
@@ -36,7 +37,7 @@ class FabricPeerLink final : public PeerLink {
 
   // A message from a peer other than the session's client. False when it is not a valid
   // peer message (the caller refuses the peer).
-  bool OnMessage(fabric::PeerId peer, std::span<const uint8_t> msg);
+  bool OnMessage(fabric::PeerId peer, std::vector<uint8_t>&& message);
   void OnPeerLost(fabric::PeerId peer, const Status& why);
 
  private:
@@ -46,16 +47,22 @@ class FabricPeerLink final : public PeerLink {
     fabric::PeerId peer;
     uint64_t size;
   };
+  struct Chunk {  // bytes [at, at + len) of the message they came in
+    uint64_t offset;
+    std::shared_ptr<const std::vector<uint8_t>> message;
+    size_t at, len;
+    const uint8_t* data() const { return message->data() + at; }
+  };
   struct Inbox {
     fabric::PeerId from = 0;
-    std::deque<std::pair<uint64_t, std::vector<uint8_t>>> chunks;  // offset, bytes
+    std::deque<Chunk> chunks;
     Status failed;
   };
 
   Result<fabric::PeerId> ConnectTo(const std::string& peer);
   Status SendPull(fabric::PeerId peer, uint64_t transfer, uint64_t size);
   // The next chunk of an inbox, waiting at most the timeout.
-  Result<std::pair<uint64_t, std::vector<uint8_t>>> NextChunk(uint64_t transfer);
+  Result<Chunk> NextChunk(uint64_t transfer);
   void CloseInbox(uint64_t transfer);
 
   fabric::Endpoint* endpoint_;

@@ -514,7 +514,7 @@ int RunWorker(const WorkerOptions& opt) {
         continue;
       }
       // Another session's worker pulling or sending a server-to-server copy.
-      if (!peers.OnMessage(e.peer, e.data)) Refuse(*ep, e.peer, "this session belongs to another client");
+      if (!peers.OnMessage(e.peer, std::move(e.data))) Refuse(*ep, e.peer, "this session belongs to another client");
       continue;
     }
     if (!attached) {

@@ -97,6 +97,17 @@ TEST(Codec, PinnedWireSizes) {
   EXPECT_EQ(wire, (std::vector<uint8_t>{8, 7, 6, 5, 4, 3, 2, 1}));
 }
 
+// A bulk tail filled in place encodes exactly as the same request with its bytes.
+TEST(Codec, RequestWithTailMatchesRequestWithBytes) {
+  ir::bytes data(1000);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(i * 7);
+  ir::BatchWriter plain(ir::BatchKind::kRequests), tail(ir::BatchKind::kRequests);
+  plain.AddRequest(ir::PeerDataReq{0x1234, 4096, data}, 9);
+  uint8_t* into = tail.AddRequestWithTail(ir::PeerDataReq{0x1234, 4096, {}}, data.size(), 9);
+  std::copy(data.begin(), data.end(), into);
+  EXPECT_EQ(plain.Finish(), tail.Finish());
+}
+
 TEST(Codec, RejectsTruncatedMessages) {
   BufferWriteReq req{.stream = 1, .buffer = 2, .offset = 3, .size = 4, .data = {1, 2, 3, 4}};
   auto wire = Encode(req);

@@ -216,6 +216,21 @@ class BatchWriter {
     EndRecord(at);
   }
   void AddRaw(uint16_t opcode, uint16_t flags, uint64_t seq, std::span<const uint8_t> payload);
+  // A request whose LAST field is `bytes`, left empty in `req`, with room for n bytes there:
+  // returns where they go, for the caller to fill in place (valid until the next Add or
+  // Finish). Spares a copy of bulk data.
+  template <class T>
+  uint8_t* AddRequestWithTail(const T& req, size_t n, uint64_t seq, uint16_t flags = 0) {
+    size_t at = BeginRecord(static_cast<uint16_t>(T::kOpcode), flags, seq);
+    Writer w(&buf_);
+    Put(w, req);
+    const size_t count_at = buf_.size() - 4;  // the empty tail's u32 count
+    for (int i = 0; i < 4; ++i) buf_[count_at + i] = static_cast<uint8_t>(n >> (8 * i));
+    const size_t data_at = buf_.size();
+    buf_.resize(data_at + n);
+    EndRecord(at);
+    return buf_.data() + data_at;
+  }
   uint32_t count() const { return count_; }
   size_t size() const { return buf_.size(); }
   bool empty() const { return count_ == 0; }
