@@ -12,7 +12,8 @@
 #   --s2s           device 0 -> device 1 copy against a relay through the client (two
 #                   servers; natively only with two devices, else n/a)
 #   tandem(shm)     the Tandem half again over the shm provider (see TANDEM_BENCH_SHM)
-#   workloads       examples/opencl/{advection,multi_matmul} (--devices 4, four servers) and
+#   workloads       examples/opencl/{advection,multi_matmul} (--devices 4, four servers; on a GPU also
+#                   at n = 8192) and
 #                   examples/cuda/remd (one and two servers) when built; skipped otherwise
 # and the raw fabric limit (tandem_fabric_pingpong) of each provider used.
 # Environment:
@@ -268,6 +269,11 @@ else
   workload advection_4dev opencl 4 --no-cuda "$BUILD/examples/opencl/advection" --devices 4
   workload multi_matmul_4dev opencl 4 --no-cuda "$BUILD/examples/opencl/multi_matmul" --devices 4
   if ((gpu)); then
+    # The same split at sizes a user would spread over four GPUs: at the default sizes a whole
+    # native run takes milliseconds and per-step round trips decide the ratio.
+    workload advection_4dev_n8192 opencl 4 --no-cuda "$BUILD/examples/opencl/advection" --devices 4 --n 8192 \
+      --steps 200 --no-check
+    workload multi_matmul_4dev_n8192 opencl 4 --no-cuda "$BUILD/examples/opencl/multi_matmul" --devices 4 --n 8192
     workload remd cuda 1 "" "$BUILD/examples/cuda/remd"
     workload remd_2srv cuda 2 "" "$BUILD/examples/cuda/remd"
   fi

@@ -220,10 +220,13 @@ class ClientBulk : public BulkIO {
   std::shared_ptr<FabricBulk> current_;
 };
 
-// How long the executor and the waiter look for work before they sleep (the client's
-// keepalive asks for it through Warm's spin_us; 0 otherwise): a thread asleep in the kernel
-// is most of an idle link's latency cliff.
-std::atomic<int> g_spin_us{0};
+// How long the executor and the waiter look for work before they sleep: as long as the
+// fabric's progress thread does, so a command that follows its reply within that window (a
+// launch + synchronize loop) costs no futex wake-up per thread hop; longer while the client's
+// keepalive asks for it through Warm's spin_us. A thread asleep in the kernel is most of an
+// idle link's latency cliff.
+const int kDefaultSpinUs = fabric::Options{}.spin_us;
+std::atomic<int> g_spin_us{kDefaultSpinUs};
 
 // Yields until `ready()` or the spin window has passed (then the caller waits normally).
 template <class Ready>
@@ -435,7 +438,7 @@ int RunWorker(const WorkerOptions& opt) {
   session.set_spin_hook([ep = ep.get(), current = -1](uint32_t spin_us) mutable {
     const int want = std::max<int>(fabric::Options{}.spin_us, static_cast<int>(spin_us));
     if (want != current) ep->SetSpin(current = want);
-    g_spin_us.store(static_cast<int>(spin_us));
+    g_spin_us.store(std::max<int>(kDefaultSpinUs, static_cast<int>(spin_us)));
   });
   session.set_faults(FaultInjection{.bitflip_rate = opt.inject.bitflip_rate, .bitflip_per_s = opt.inject.bitflip_per_s, .seed = 0});
   ClientLink link(ep.get());
