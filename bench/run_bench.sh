@@ -273,6 +273,8 @@ else
     # native run takes milliseconds and per-step round trips decide the ratio.
     workload advection_4dev_n8192 opencl 4 --no-cuda "$BUILD/examples/opencl/advection" --devices 4 --n 8192 \
       --steps 200 --no-check
+    workload advection_4dev_n16384 opencl 4 --no-cuda "$BUILD/examples/opencl/advection" --devices 4 --n 16384 \
+      --steps 100 --no-check
     workload multi_matmul_4dev_n8192 opencl 4 --no-cuda "$BUILD/examples/opencl/multi_matmul" --devices 4 --n 8192
     workload remd cuda 1 "" "$BUILD/examples/cuda/remd"
     workload remd_2srv cuda 2 "" "$BUILD/examples/cuda/remd"
