@@ -8,7 +8,7 @@
 # Flips: DS-CUDA used lambda = 1/900 s. Scaled to this run's length, a T1-second run sees what
 # a 900 s run sees at 1/900 s: FLIPS (default 1) per run on average, injected by
 # tandemd --inject-bitflip-per-s FLIPS/T1 (a Poisson process in time). A T3 run in which no
-# flip landed measures nothing and is run again (up to 3 tries); the table gives the flips of
+# flip landed measures nothing and is run again (up to 5 tries); the table gives the flips of
 # the run it reports and the cost of one flip, (T3 - T2) / flips.
 #   bash bench/ft_overhead.sh BUILD_DIR OUT_DIR [STEPS]
 set -uo pipefail
@@ -66,10 +66,10 @@ fa=$(server flip-a 0 --inject-bitflip-per-s "$lambda"); fb=$(server flip-b "$g1"
   printf "%-8s %10s %10s %10s %10s %10s %10s %6s %10s %12s\n" period T0_s T1_s T2_s T3_s T2/T1 T3/T1 flips rollbacks s_per_flip
 } | tee "$OUT/ft_overhead.txt"
 flipped() { grep -c 'fault injection: flipped' "$OUT/tandemd-flip-a.log"; }
-for period in 2 10 50; do
+for period in ${PERIODS:-2 10 50}; do
   run T2-$period TANDEM_SERVERS="$a,$b" TANDEM_REDUNDANCY=2 TANDEM_CHECKPOINT_PERIOD=$period || continue
-  # A T3 run in which no flip happened to land measures nothing: up to 3 tries.
-  for try in 1 2 3; do
+  # A T3 run in which no flip happened to land measures nothing: up to 5 tries.
+  for try in 1 2 3 4 5; do
     before=$(flipped)
     run T3-$period TANDEM_SERVERS="$fa,$fb" TANDEM_REDUNDANCY=2 TANDEM_CHECKPOINT_PERIOD=$period || continue 2
     flips=$(($(flipped) - before))
