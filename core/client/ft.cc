@@ -254,7 +254,7 @@ uint64_t FaultTolerance::Post(GroupSession* g, uint16_t opcode, std::vector<uint
   }
   const bool read = opcode == static_cast<uint16_t>(ir::Opcode::kBufferRead) && fn;
   // A checkpoint is taken at a read back, once the period has passed or the log is full.
-  if (read && (Clock::now() - last_ckpt_ >= config_.checkpoint_period || log_bytes_ >= config_.log_limit)) {
+  if (read && (!have_ckpt_ || Clock::now() - last_ckpt_ >= config_.checkpoint_period || log_bytes_ >= config_.log_limit)) {
     recovering_ = true;
     ++generation_;
     touched_.clear();
@@ -331,11 +331,16 @@ void FaultTolerance::OnAnswer(const std::shared_ptr<Op>& op, uint64_t issue, siz
     a.fields.assign(fields.begin(), fields.end());
     if (--op->waiting > 0) return;
   }
-  Evaluate(op);
+  Evaluate(op, issue);
 }
 
 // All answers of an issue are in (receiver thread, or inline from a post to a lost session).
-void FaultTolerance::Evaluate(const std::shared_ptr<Op>& op) {
+bool FaultTolerance::Current(const std::shared_ptr<Op>& op, uint64_t issue) {
+  std::lock_guard<std::mutex> l(op->m);
+  return !op->delivered && op->issue == issue;
+}
+
+void FaultTolerance::Evaluate(const std::shared_ptr<Op>& op, uint64_t issue) {
   std::vector<Op::Answer> answers;
   std::vector<bool> carries;
   {
@@ -396,10 +401,18 @@ void FaultTolerance::Evaluate(const std::shared_ptr<Op>& op) {
       if (unanimous) mismatch_streak_ = 0;
       Deliver(op, answers[from].st, answers[from].fields);
     }
-    if (!outvoted.empty() || from == n) Schedule([this, op, outvoted] { OnMismatch(op, outvoted, true); });
+    if (!outvoted.empty() || from == n)
+      Schedule([this, op, issue, outvoted, from, n] {
+        // Outvoted replicas are repaired even when the op was delivered; a vote a rollback
+        // made stale is not acted on.
+        if (from == n && !Current(op, issue)) return;
+        OnMismatch(op, outvoted, true);
+      });
     return;
   }
-  Schedule([this, op] { OnMismatch(op, {}, false); });
+  Schedule([this, op, issue] {
+    if (Current(op, issue)) OnMismatch(op, {}, false);  // else a rollback already re-issued it
+  });
 }
 
 void FaultTolerance::Deliver(const std::shared_ptr<Op>& op, const Status& st, std::span<const uint8_t> fields) {
@@ -562,7 +575,7 @@ Status FaultTolerance::Checkpoint() {
         r.digests[c] = {d[2 * c], d[2 * c + 1]};
         if (prev != old.end() && c < prev->second.digests.size() && prev->second.digests[c] == r.digests[c] &&
             prev->second.size == alloc.size) {
-          r.chunks[c] = std::move(prev->second.chunks[c]);
+          r.chunks[c] = prev->second.chunks[c];
           continue;
         }
         const uint64_t off = c * kChunk, len = std::min<uint64_t>(kChunk, alloc.size - off);
@@ -571,7 +584,7 @@ Status FaultTolerance::Checkpoint() {
           auto rep = s->Call(ir::BufferReadReq{.stream = 0, .buffer = alloc.buffer, .offset = off, .size = len,
                                                .remote = {}, .wait = {}, .signal = 0});
           if (rep.ok() && rep->data.size() == len && Hash(rep->data) == r.digests[c]) {
-            r.chunks[c] = std::move(rep->data);
+            r.chunks[c] = std::make_shared<const std::vector<uint8_t>>(std::move(rep->data));
             got = Status::Ok();
             break;
           }
@@ -591,6 +604,7 @@ Status FaultTolerance::Checkpoint() {
   log_.clear();
   log_bytes_ = 0;
   last_ckpt_ = Clock::now();
+  have_ckpt_ = true;
   stats.checkpoints.fetch_add(1);
   stats.checkpoint_bytes.fetch_add(saved);
   stats.checkpoint_ns.fetch_add(static_cast<uint64_t>(std::chrono::nanoseconds(Clock::now() - start).count()));
@@ -620,7 +634,7 @@ Status FaultTolerance::RestoreFresh(GroupSession* g, size_t i, const std::string
   Recreate(s, g->ckpt_creates_, g->ckpt_signals_);
   for (const auto& [buffer, region] : ckpt_[g]) {
     for (size_t c = 0; c < region.chunks.size(); ++c) {
-      const auto& bytes = region.chunks[c];
+      const auto& bytes = *region.chunks[c];
       s->Post(ir::BufferWriteReq{.stream = 0, .buffer = buffer, .offset = c * kChunk, .size = bytes.size(),
                                  .data = bytes, .remote = {}, .wait = {}, .signal = 0});
     }
@@ -701,6 +715,12 @@ Status FaultTolerance::CopyFromPeer(GroupSession* g, size_t bad, size_t good) {
 Status FaultTolerance::RollbackInPlace(GroupSession* g) {
   if (g->creates_ != g->ckpt_creates_)
     return Status(Code::kUnimplemented, "objects were created or destroyed since the checkpoint");
+  // An event the checkpoint had never seen signalled, or a user event set since, would stay
+  // complete here and let replayed commands run before what they waited for.
+  if (g->signals_ != g->ckpt_signals_) return Status(Code::kUnimplemented, "events were signalled for the first time");
+  for (const LogEntry& e : log_)
+    if (e.group == g && e.opcode == static_cast<uint16_t>(ir::Opcode::kUserEventSet))
+      return Status(Code::kUnimplemented, "a user event was set since the checkpoint");
   const auto devices = Devices(g);
   for (SessionImpl* s : g->replicas_) {
     TANDEM_RETURN_IF_ERROR(Quiesce(s, devices));
@@ -725,7 +745,7 @@ Status FaultTolerance::RollbackInPlace(GroupSession* g) {
       if (disagree) Stats::Get().mismatches.fetch_add(1);
       for (size_t i = 0; i < n; ++i) {
         if (at(i) == region.digests[c]) continue;
-        const auto& bytes = region.chunks[c];
+        const auto& bytes = *region.chunks[c];
         g->replicas_[i]->Post(ir::BufferWriteReq{.stream = 0, .buffer = buffer, .offset = c * kChunk,
                                                  .size = bytes.size(), .data = bytes, .remote = {}, .wait = {},
                                                  .signal = 0});
@@ -760,9 +780,12 @@ void FaultTolerance::RollbackAll(const std::string& why) {
     }
   }
   static const bool fresh_only = std::getenv("TANDEM_TEST_FRESH_ROLLBACK") != nullptr;
+  // A mismatch right after an in-place rollback may live where that restores nothing (module
+  // globals): the retry rebuilds everything.
+  const bool in_place = !fresh_only && mismatch_streak_ <= 1;
   for (auto& g : groups_) {
     if (!g->failed_.ok()) continue;
-    if (!fresh_only) {
+    if (in_place) {
       Status st = RollbackInPlace(g.get());
       if (st.ok()) continue;
       log::Debug("fault tolerance: {} cannot roll back in place ({}): fresh sessions", g->name_, st.message());

@@ -125,7 +125,9 @@ class FaultTolerance {
   struct Region {             // one allocation's content at the last checkpoint
     uint64_t size = 0;
     std::vector<std::pair<uint64_t, uint64_t>> digests;  // per kChunk
-    std::vector<std::vector<uint8_t>> chunks;
+    // Shared with the previous checkpoint where a chunk did not change: a checkpoint that
+    // fails half way leaves the last complete one intact.
+    std::vector<std::shared_ptr<const std::vector<uint8_t>>> chunks;
   };
 
   uint64_t Post(GroupSession* g, uint16_t opcode, std::vector<uint8_t> payload, RawReplyFn fn);
@@ -133,7 +135,9 @@ class FaultTolerance {
   void Issue(const std::shared_ptr<Op>& op);
   void OnAnswer(const std::shared_ptr<Op>& op, uint64_t issue, size_t replica, const Status& st,
                 std::span<const uint8_t> fields);
-  void Evaluate(const std::shared_ptr<Op>& op);
+  void Evaluate(const std::shared_ptr<Op>& op, uint64_t issue);
+  // Whether op's answers of `issue` are still the ones that count (not delivered, not issued again).
+  bool Current(const std::shared_ptr<Op>& op, uint64_t issue);
   void Deliver(const std::shared_ptr<Op>& op, const Status& st, std::span<const uint8_t> fields);
   void NoteCreate(GroupSession* g, uint16_t opcode, const std::vector<uint8_t>& payload);
 
@@ -164,6 +168,7 @@ class FaultTolerance {
   size_t log_bytes_ = 0;
   std::map<const GroupSession*, std::map<uint64_t, Region>> ckpt_;  // by buffer handle
   Clock::time_point last_ckpt_ = Clock::now();
+  bool have_ckpt_ = false;  // the first read back takes one: rollbacks need not replay from the start
   std::map<uint64_t, std::shared_ptr<Op>> open_;  // ops waiting for answers, by id
   uint64_t next_op_ = 1;
   std::atomic<int> mismatch_streak_{0};

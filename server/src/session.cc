@@ -320,9 +320,11 @@ bool Session::FlipDue() {
   const auto now = std::chrono::steady_clock::now();
   const bool first = next_flip_ == std::chrono::steady_clock::time_point{};
   if (!first && now < next_flip_) return false;
-  // The next one after an exponential wait: a Poisson process in time from the first read back.
-  next_flip_ = now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                         std::chrono::duration<double>(-std::log1p(-u) / faults_.bitflip_per_s));
+  // The next one an exponential wait after this one was due (a Poisson process in time from
+  // the first read back); flips that fell due together land on the next read backs.
+  const double wait_s = std::min(-std::log1p(-u) / faults_.bitflip_per_s, 1e6);
+  next_flip_ = (first ? now : next_flip_) + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                std::chrono::duration<double>(wait_s));
   return !first;
 }
 

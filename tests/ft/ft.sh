@@ -142,8 +142,9 @@ bitflip2 | bitflip3 | bitflip2fresh)
   ((${found:-0} >= injected)) || fail "$injected flips injected but only ${found:-0} detected"
   if ((n == 3)); then ((${rollbacks:-0} == 0)) || fail "N=3 rolled back ${rollbacks} times"; fi
   in_place=$(grep -o '[0-9]* replicas in place' "$work/run.out.err" | grep -o '^[0-9]*')
+  # In place unless objects changed since the checkpoint or the last rollback did not cure.
   if [[ $scenario == bitflip2 ]] && ((${rollbacks:-0} > 0)); then
-    ((${in_place:-0} == 2 * rollbacks)) || fail "$rollbacks rollbacks but ${in_place:-0} replicas rolled back in place"
+    ((${in_place:-0} >= 2)) || fail "$rollbacks rollbacks, none of them in place"
   fi
   if [[ $scenario == bitflip2fresh ]]; then ((${in_place:-0} == 0)) || fail "in-place rollbacks despite TANDEM_TEST_FRESH_ROLLBACK"; fi
   no_leaks a b
