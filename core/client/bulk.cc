@@ -135,6 +135,20 @@ uint64_t NewTransferId() {
   return id;
 }
 
+Status ImportEvent(Session& from, uint64_t event, Session& to, uint32_t device, uint64_t stand_in) {
+  if (!DirectCopiesEnabled()) {
+    Stats::Get().events_waited_here.fetch_add(1, std::memory_order_relaxed);  // the caller waits instead
+    return Status(Code::kUnimplemented, "direct links between servers are off");
+  }
+  if (&from == &to) return Status(Code::kInternal, "ImportEvent within one session");
+  const uint64_t token = NewTransferId();
+  from.Post(ir::EventExportReq{.event = event, .token = token});
+  to.Post(ir::EventImportReq{.event = stand_in, .device = device, .peer = from.worker_address(), .token = token});
+  Stats::Get().events_imported.fetch_add(1, std::memory_order_relaxed);
+  // The exporter starts watching at once; the importer's own commands follow in its batch.
+  return from.Flush();
+}
+
 Status CopyBetweenServers(const CopyEnd& src, const CopyEnd& dst, uint64_t size, uint64_t signal) {
   if (!src.session || !dst.session) return Status(Code::kInternal, "CopyBetweenServers without a session");
   if (size == 0) return Status::Ok();

@@ -61,6 +61,9 @@ void Stats::Print(size_t servers) const {
                      messages_received.load(), Bytes(rma_from_server));
   out += fmt::format("server-to-server: {} direct, {} relayed through this process\n", Bytes(server_to_server),
                      Bytes(relayed));
+  if (events_imported || events_waited_here)
+    out += fmt::format("waits on another server's event: {} server to server, {} waited for here\n",
+                       events_imported.load(), events_waited_here.load());
   out += fmt::format("round trips: {}, waiting on the network: {:.3f} s; keepalive warm-ups: {}\n", round_trips.load(),
                      wait_ns.load() / 1e9, keepalives.load());
   if (checkpoints || mismatches || rollbacks || migrations || restores) {

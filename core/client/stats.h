@@ -14,6 +14,8 @@ struct Stats {
   std::atomic<uint64_t> messages_received{0}, bytes_received{0};
   std::atomic<uint64_t> rma_to_server{0}, rma_from_server{0};  // bulk bytes the server moved
   std::atomic<uint64_t> server_to_server{0}, relayed{0};  // copies between servers: direct, relayed here
+  // Waits on another server's event: told server to server, or waited for here.
+  std::atomic<uint64_t> events_imported{0}, events_waited_here{0};
   std::atomic<uint64_t> keepalives{0};  // Warm round trips
   std::atomic<uint64_t> reconnects{0}, resent{0};  // transient link losses: resumes, batches sent again
   // Fault tolerance.

@@ -19,6 +19,7 @@ struct Command {
   cl_command_queue q = nullptr;
   std::vector<uint64_t> wait;
   cl_event event = nullptr;
+  std::vector<cl_event> foreign;  // wait-list events of other servers (held by the caller)
   uint64_t signal() const { return event ? event->handle : 0; }
 };
 
@@ -26,7 +27,7 @@ cl_int Begin(cl_command_queue q, cl_uint n, const cl_event* list, cl_event* out,
              Completion completion, Command* cmd) {
   if (!Valid(q)) return CL_INVALID_COMMAND_QUEUE;
   cmd->q = q;
-  if (cl_int err = CheckWaitList(q->context, q->session(), n, list, &cmd->wait); err != CL_SUCCESS) return err;
+  if (cl_int err = CheckWaitList(q, n, list, &cmd->wait, &cmd->foreign); err != CL_SUCCESS) return err;
   if (out) cmd->event = NewEvent(q->context, q, type, completion);
   return CL_SUCCESS;
 }
@@ -57,7 +58,7 @@ bool WholeRoot(cl_mem mem, size_t offset, size_t size) {
 
 // The buffer's handle on the command's server, its bytes made current there.
 cl_int Acquire(Command& cmd, cl_mem mem, BufferUse use, uint64_t* handle) {
-  return AcquireBuffer(cmd.q, mem, use, handle, &cmd.wait);
+  return AcquireBuffer(cmd.q, mem, use, handle, &cmd.wait, cmd.foreign);
 }
 
 cl_int CheckRange(cl_mem mem, size_t offset, size_t size) {
@@ -330,6 +331,7 @@ cl_int EnqueueCopyBuffer(cl_command_queue q, cl_mem src, cl_mem dst, size_t src_
     // The source's bytes are on another server: only the range travels, server to server.
     client::CopyEnd from = CurrentSource(src);
     from.offset = s0;
+    for (uint64_t h : HandlesOn(cmd.foreign, from.session)) from.wait.push_back(h);
     if (cl_int e = Acquire(cmd, dst, dst_use, &dh)) return End(cmd, out, e);
     client::CopyEnd to{.session = &q->session(), .stream = q->stream, .buffer = dh, .offset = d0, .wait = cmd.wait};
     Status st = client::CopyBetweenServers(from, to, size, cmd.signal());

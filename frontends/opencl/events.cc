@@ -196,21 +196,49 @@ void SetEventStatus(cl_event e, cl_int status) {
   }
 }
 
-cl_int CheckWaitList(cl_context context, client::Session& session, cl_uint n, const cl_event* list,
-                     std::vector<uint64_t>* handles) {
+namespace {
+// The stand-in on q's server of e, an event of another server (a command's, or a user event,
+// which lives on the context's home server), made on first use (client::ImportEvent); 0 when
+// it cannot be: direct links are off, or e completes only once a reply reached this process.
+uint64_t ImportedTo(cl_event e, cl_command_queue q) {
+  if (e->completion == _cl_event::Completion::kHost || !e->bound) return 0;
+  client::Session& to = q->session();
+  std::lock_guard lock(e->mu);
+  for (const auto& [session, stand_in] : e->imports)
+    if (session == &to) return stand_in;
+  const uint64_t stand_in = client::Runtime::Get().NewHandle();
+  if (!client::ImportEvent(e->session(), e->handle, to, q->device->remote->remote_index, stand_in).ok()) return 0;
+  e->imports.emplace_back(&to, stand_in);
+  return stand_in;
+}
+}  // namespace
+
+std::vector<uint64_t> HandlesOn(const std::vector<cl_event>& foreign, const client::Session* session) {
+  std::vector<uint64_t> out;
+  for (cl_event e : foreign)
+    if (&e->session() == session) out.push_back(e->handle);
+  return out;
+}
+
+cl_int CheckWaitList(cl_command_queue q, cl_uint n, const cl_event* list, std::vector<uint64_t>* handles,
+                     std::vector<cl_event>* foreign) {
   if ((n > 0) != (list != nullptr)) return CL_INVALID_EVENT_WAIT_LIST;
-  client::Session& home = session;
+  client::Session& home = q->session();
   for (cl_uint i = 0; i < n; ++i) {
     cl_event e = list[i];
     if (!Valid(e)) return CL_INVALID_EVENT_WAIT_LIST;
-    if (e->context != context) return CL_INVALID_CONTEXT;
+    if (e->context != q->context) return CL_INVALID_CONTEXT;
     {
       std::lock_guard lock(e->mu);
       if (e->status == CL_COMPLETE) continue;
     }
     if (&e->session() != &home) {
-      // Another server's event cannot be named in this server's wait list: wait here.
-      WarnOnce("OpenCL: waiting on the client for an event of another server");
+      if (uint64_t stand_in = ImportedTo(e, q)) {
+        handles->push_back(stand_in);
+        foreign->push_back(e);
+        continue;
+      }
+      WarnOnce("OpenCL: waiting on the client for an event of another server (direct links are off)");
       WaitEvents({e});
       continue;
     }
@@ -410,6 +438,7 @@ _cl_event::~_cl_event() {
     m.events.erase(handle);
   }
   if (bound) session().Post(tandem::ir::EventDestroyReq{handle});
+  for (const auto& [session, stand_in] : imports) session->Post(tandem::ir::EventDestroyReq{stand_in});
   if (queue) queue->Unhold();
   context->Unhold();
 }

@@ -154,7 +154,8 @@ client::CopyEnd CurrentSource(cl_mem mem) {
   return SourceOf(root);
 }
 
-cl_int AcquireBuffer(cl_command_queue q, cl_mem mem, BufferUse use, uint64_t* handle, std::vector<uint64_t>* wait) {
+cl_int AcquireBuffer(cl_command_queue q, cl_mem mem, BufferUse use, uint64_t* handle, std::vector<uint64_t>* wait,
+                     const std::vector<cl_event>& foreign) {
   _cl_mem* root = MutableRoot(mem);
   client::Session* here = &q->session();
   std::lock_guard lock(root->residency_mu);
@@ -171,6 +172,7 @@ cl_int AcquireBuffer(cl_command_queue q, cl_mem mem, BufferUse use, uint64_t* ha
     wait->push_back(root->ready);
   if (!mine->current && use != BufferUse::kOverwrite) {
     client::CopyEnd from = SourceOf(root);
+    for (uint64_t h : HandlesOn(foreign, from.session)) from.wait.push_back(h);
     client::CopyEnd to{.session = here, .stream = q->stream, .buffer = mine->handle, .offset = 0};
     Status st = client::CopyBetweenServers(from, to, root->size, 0);
     if (!st.ok()) return ToCl(st, "moving a buffer between servers", CL_MEM_OBJECT_ALLOCATION_FAILURE);

@@ -350,6 +350,8 @@ struct _cl_event : tandem::ocl::Object<_cl_event> {
   bool watching = false;  // the callback watcher's EventQuery is out
   std::vector<Callback> callbacks;
   std::optional<std::array<cl_ulong, 4>> times;  // profiling, once complete
+  // Stand-ins of this event on other servers, which wait lists there name (ImportedTo).
+  std::vector<std::pair<tandem::client::Session*, uint64_t>> imports;
 
   tandem::client::Session& session() const;
   ~_cl_event();
@@ -371,10 +373,14 @@ cl_event NewEvent(cl_context context, cl_command_queue queue, cl_command_type ty
                   _cl_event::Completion completion);
 // Records a (lower) status; terminal ones wake waiters and schedule callbacks.
 void SetEventStatus(cl_event e, cl_int status);
-// Checks a wait list (CL_INVALID_EVENT_WAIT_LIST / CL_INVALID_CONTEXT). Wait-list events as remote handles of `session` (the queue's server); events of other
-// servers are waited for here first.
-cl_int CheckWaitList(cl_context context, client::Session& session, cl_uint n, const cl_event* list,
-                     std::vector<uint64_t>* handles);
+// Checks a wait list (CL_INVALID_EVENT_WAIT_LIST / CL_INVALID_CONTEXT) for a command of q.
+// Wait-list events as remote handles of q's server: another server's event is named by its
+// stand-in there (completed server to server), or, where direct links are off, waited for here.
+// `foreign` gets those other servers' events: a copy from one of them waits for them there.
+cl_int CheckWaitList(cl_command_queue q, cl_uint n, const cl_event* list, std::vector<uint64_t>* handles,
+                     std::vector<cl_event>* foreign);
+// The handles of those of `foreign` that belong to `session`.
+std::vector<uint64_t> HandlesOn(const std::vector<cl_event>& foreign, const client::Session* session);
 
 // How a command uses a buffer, for residency across servers (memory.cc).
 enum class BufferUse {
@@ -386,8 +392,11 @@ enum class BufferUse {
 // it has none and, unless the command overwrites it all, brings the current bytes there
 // from a server that has them (server to server; see client::CopyBetweenServers). Returns
 // the root buffer's handle on q's server and adds to `wait` the events the command must wait
-// for there (the initial upload). A single-server context never copies anything.
-cl_int AcquireBuffer(cl_command_queue q, cl_mem mem, BufferUse use, uint64_t* handle, std::vector<uint64_t>* wait);
+// for there (the initial upload). The source of such a copy first waits for the command's
+// wait-list events of its own server (`foreign`, from CheckWaitList). A single-server context
+// never copies anything.
+cl_int AcquireBuffer(cl_command_queue q, cl_mem mem, BufferUse use, uint64_t* handle, std::vector<uint64_t>* wait,
+                     const std::vector<cl_event>& foreign);
 // Whether q's server already holds the current bytes of `mem`.
 bool CurrentOn(cl_command_queue q, cl_mem mem);
 // Where the current bytes of `mem` are (another server than q's): the source end of a copy,

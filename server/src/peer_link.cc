@@ -102,6 +102,55 @@ Result<std::unique_ptr<BulkIO>> FabricPeerLink::Sink(const std::string& peer, ui
   return std::unique_ptr<BulkIO>(new PeerSink(this, from.value(), transfer, size));
 }
 
+template <class Req>
+bool FabricPeerLink::SendAlone(fabric::PeerId peer, const Req& req) {
+  ir::BatchWriter w(ir::BatchKind::kRequests);
+  w.AddRequest(req, 0);
+  Status st = endpoint_->Send(peer, w.Finish());
+  if (!st.ok()) log::Warn("{} to a peer server not sent: {}", Req::kName, st.ToString());
+  return st.ok();
+}
+
+void FabricPeerLink::ExportDone(uint64_t token, int32_t status) {
+  std::optional<fabric::PeerId> watcher;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = exports_.find(token);
+    if (it == exports_.end()) {
+      if (exports_.size() >= kMaxPendingExports) {
+        log::Warn("exported event {:#x} finished, but {} others wait for their watchers: dropped", token,
+                  exports_.size());
+        return;
+      }
+      it = exports_.emplace(token, Exported{}).first;
+    }
+    if (it->second.done) return;  // told once
+    watcher = it->second.watcher;
+    if (watcher) {
+      exports_.erase(it);
+    } else {
+      it->second.done = true;
+      it->second.status = status;
+    }
+  }
+  if (watcher) SendAlone(*watcher, ir::PeerSignalReq{token, status});
+}
+
+Status FabricPeerLink::Import(const std::string& peer, uint64_t token, std::function<void(int32_t status)> done) {
+  if (peer == endpoint_->address()) return Status::Invalid("EventImport: the event is this session's own");
+  auto from = ConnectTo(peer);
+  if (!from.ok()) return from.status();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (imports_.contains(token)) return Status::Invalid(fmt::format("EventImport: token {:#x} is already imported", token));
+    imports_[token] = Imported{from.value(), std::move(done)};
+  }
+  if (SendAlone(from.value(), ir::PeerWatchReq{token})) return Status::Ok();
+  std::lock_guard<std::mutex> lock(mu_);
+  imports_.erase(token);
+  return Status(Code::kLinkLost, "EventImport: cannot reach the server of the event");
+}
+
 Result<fabric::PeerId> FabricPeerLink::ConnectTo(const std::string& peer) {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -147,13 +196,30 @@ bool FabricPeerLink::OnMessage(fabric::PeerId peer, std::vector<uint8_t>&& messa
   if (!st.ok() || records.empty()) return false;
   // A chunk keeps the message it came in (one PeerData per message): its bytes are not copied.
   auto owner = std::make_shared<std::vector<uint8_t>>(std::move(message));
-  std::lock_guard<std::mutex> lock(mu_);
-  for (const ir::Record& rec : records) {
-    if (rec.header.opcode == static_cast<uint16_t>(ir::Opcode::kPeerPull)) {
+  // Done once the lock is released: answers to watches, and imported events' outcomes.
+  Deferred after;
+  bool ok = true;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const ir::Record& rec : records)
+      if (!(ok = TakeRecord(peer, rec, owner, &after))) break;
+    cv_.notify_all();
+  }
+  for (const auto& answer : after.answers) SendAlone(peer, answer);
+  for (auto& [done, status] : after.outcomes) done(status);
+  return ok;
+}
+
+bool FabricPeerLink::TakeRecord(fabric::PeerId peer, const ir::Record& rec,
+                                const std::shared_ptr<const std::vector<uint8_t>>& owner, Deferred* after) {
+  switch (static_cast<ir::Opcode>(rec.header.opcode)) {
+    case ir::Opcode::kPeerPull: {
       ir::PeerPullReq pull;
       if (!ir::DecodeRequest(rec.payload, &pull).ok() || pulls_.size() >= kMaxPendingPulls) return false;
       pulls_[pull.transfer] = Pull{peer, pull.size};
-    } else if (rec.header.opcode == static_cast<uint16_t>(ir::Opcode::kPeerData)) {
+      return true;
+    }
+    case ir::Opcode::kPeerData: {
       // PeerDataReq{transfer, offset, data} read in place.
       ir::Reader r(rec.payload);
       uint64_t transfer, offset;
@@ -164,20 +230,49 @@ bool FabricPeerLink::OnMessage(fabric::PeerId peer, std::vector<uint8_t>&& messa
       auto it = inboxes_.find(transfer);
       if (!outgoing_.contains(peer) || it == inboxes_.end() || it->second.from != peer) {
         log::Warn("PeerData for transfer {:#x} nobody here asked that peer for: dropped", transfer);
-        continue;
+        return true;
       }
       const size_t at = static_cast<size_t>(r.cursor() - owner->data());
       it->second.chunks.push_back(Chunk{offset, owner, at, n});
-    } else {
-      return false;
+      return true;
     }
+    case ir::Opcode::kPeerWatch: {
+      ir::PeerWatchReq watch;
+      if (!ir::DecodeRequest(rec.payload, &watch).ok()) return false;
+      auto it = exports_.find(watch.token);
+      if (it == exports_.end()) {
+        if (exports_.size() >= kMaxPendingExports) return false;
+        exports_[watch.token].watcher = peer;  // not exported yet: answered by ExportDone
+      } else if (it->second.watcher) {
+        return false;  // one watcher per token
+      } else if (it->second.done) {
+        after->answers.push_back(ir::PeerSignalReq{watch.token, it->second.status});
+        exports_.erase(it);
+      } else {
+        it->second.watcher = peer;
+      }
+      return true;
+    }
+    case ir::Opcode::kPeerSignal: {
+      ir::PeerSignalReq signal;
+      if (!ir::DecodeRequest(rec.payload, &signal).ok()) return false;
+      // Only from the worker this one asked.
+      auto it = imports_.find(signal.token);
+      if (it == imports_.end() || it->second.from != peer) {
+        log::Warn("PeerSignal for token {:#x} nobody here asked that peer for: dropped", signal.token);
+        return true;
+      }
+      after->outcomes.emplace_back(std::move(it->second.done), signal.status);
+      imports_.erase(it);
+      return true;
+    }
+    default:
+      return false;
   }
-  cv_.notify_all();
-  return true;
 }
 
 void FabricPeerLink::OnPeerLost(fabric::PeerId peer, const Status& why) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   for (auto it = connections_.begin(); it != connections_.end();) {
     if (it->second == peer) it = connections_.erase(it);
     else ++it;
@@ -186,7 +281,20 @@ void FabricPeerLink::OnPeerLost(fabric::PeerId peer, const Status& why) {
   for (auto& [transfer, in] : inboxes_)
     if (in.from == peer) in.failed = Status(Code::kLinkLost, "the source server of a copy was lost: " + why.message());
   std::erase_if(pulls_, [&](const auto& p) { return p.second.peer == peer; });
+  std::erase_if(exports_, [&](const auto& e) { return e.second.watcher == peer; });
+  // Whatever waits on that worker's events fails instead of waiting for ever.
+  std::vector<std::function<void(int32_t)>> lost;
+  for (auto it = imports_.begin(); it != imports_.end();) {
+    if (it->second.from == peer) {
+      lost.push_back(std::move(it->second.done));
+      it = imports_.erase(it);
+    } else {
+      ++it;
+    }
+  }
   cv_.notify_all();
+  lock.unlock();
+  for (auto& done : lost) done(-(ir::kEventFailedTandem + static_cast<int32_t>(Code::kServerLost)));
 }
 
 }  // namespace tandem::server

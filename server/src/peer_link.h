@@ -6,15 +6,22 @@
 // only ever flows to a worker that asked for a transfer its own client ordered, and a
 // transfer id (64 random bits chosen by the client) is the only capability a puller needs.
 //
+// Cross-server event waits follow the same pull model: the importing worker connects to the
+// exporting one and sends PeerWatch{token}; the exporter answers PeerSignal{token, status} once
+// the exported event is done (ExportDone), whichever of the two comes first.
+//
 // Threads: the worker's receive thread hands peer messages to OnMessage/OnPeerLost; the
-// executor calls Source/Sink and then drives the returned BulkIO.
+// executor calls Source/Sink/Import and then drives the returned BulkIO; ExportDone comes
+// from whatever thread the backend reports completions on.
 #pragma once
 
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
@@ -29,11 +36,16 @@ class FabricPeerLink final : public PeerLink {
   static constexpr size_t kChunk = 4u << 20;
   // Pull requests waiting for their PeerSend (a bound against a flood of bogus ids).
   static constexpr size_t kMaxPendingPulls = 1024;
+  // Exported events nobody watches yet, and watches of tokens not exported yet (the same kind
+  // of bound: each import makes one of each, and they meet within a few commands).
+  static constexpr size_t kMaxPendingExports = 65536;
 
   FabricPeerLink(fabric::Endpoint* endpoint, fabric::Millis timeout);
 
   Result<std::unique_ptr<BulkIO>> Source(uint64_t transfer, uint64_t size) override;
   Result<std::unique_ptr<BulkIO>> Sink(const std::string& peer, uint64_t transfer, uint64_t size) override;
+  void ExportDone(uint64_t token, int32_t status) override;
+  Status Import(const std::string& peer, uint64_t token, std::function<void(int32_t status)> done) override;
 
   // A message from a peer other than the session's client. False when it is not a valid
   // peer message (the caller refuses the peer).
@@ -53,14 +65,37 @@ class FabricPeerLink final : public PeerLink {
     size_t at, len;
     const uint8_t* data() const { return message->data() + at; }
   };
+  // An exported event: finished or not, and who watches it (watched before it was exported,
+  // or exported and finished before anyone watched).
+  struct Exported {
+    bool done = false;
+    int32_t status = 0;
+    std::optional<fabric::PeerId> watcher;
+  };
+  // An imported event: the worker that answers for it and what to do with the answer.
+  struct Imported {
+    fabric::PeerId from = 0;
+    std::function<void(int32_t status)> done;
+  };
   struct Inbox {
     fabric::PeerId from = 0;
     std::deque<Chunk> chunks;
     Status failed;
   };
 
+  // What OnMessage does once its lock is released.
+  struct Deferred {
+    std::vector<ir::PeerSignalReq> answers;
+    std::vector<std::pair<std::function<void(int32_t)>, int32_t>> outcomes;
+  };
+  // One record of a peer's message, with mu_ held. False: not a valid peer record.
+  bool TakeRecord(fabric::PeerId peer, const ir::Record& rec, const std::shared_ptr<const std::vector<uint8_t>>& owner,
+                  Deferred* after);
   Result<fabric::PeerId> ConnectTo(const std::string& peer);
   Status SendPull(fabric::PeerId peer, uint64_t transfer, uint64_t size);
+  // Sends one peer command on its own (false when the peer is gone; logged).
+  template <class Req>
+  bool SendAlone(fabric::PeerId peer, const Req& req);
   // The next chunk of an inbox, waiting at most the timeout.
   Result<Chunk> NextChunk(uint64_t transfer);
   void CloseInbox(uint64_t transfer);
@@ -73,6 +108,8 @@ class FabricPeerLink final : public PeerLink {
   std::set<fabric::PeerId> outgoing_;
   std::map<uint64_t, Pull> pulls_;     // source side: transfer -> who pulls it
   std::map<uint64_t, Inbox> inboxes_;  // destination side: transfers being received
+  std::map<uint64_t, Exported> exports_;  // token -> exported event
+  std::map<uint64_t, Imported> imports_;  // token -> imported event
 };
 
 }  // namespace tandem::server

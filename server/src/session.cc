@@ -79,6 +79,7 @@ BatchOutcome Session::HandleBatch(std::span<const uint8_t> msg) {
       return outcome;
     }
   }
+  DestroyFinishedImports();
   std::vector<ir::Record> records;
   Status st = ir::ParseBatch(msg, ir::BatchKind::kRequests, &records);
   if (!st.ok()) {
@@ -424,6 +425,67 @@ Status Session::Call(const ir::PeerRecvReq& req, ir::PeerRecvRep*) {
   return WithBulk(io.value().get(), [&] { return backend_->OnBufferWrite(write, &unused); });
 }
 
+// The exporting half of a cross-server event wait: when the event is done, the worker that
+// imported it hears so from this one (PeerLink::ExportDone). A command here that already failed
+// to signal it exports that failure.
+Status Session::Call(const ir::EventExportReq& req, ir::EventExportRep*) {
+  if (!peers_) return Status(Code::kUnimplemented, "EventExport: this session has no server-to-server transport");
+  if (req.token == 0) return Status::Invalid("EventExport: token 0");
+  PeerLink* peers = peers_;
+  const uint64_t token = req.token;
+  if (auto f = failed_events_.find(req.event); f != failed_events_.end()) {
+    peers->ExportDone(token, f->second.event_status);
+    return Status::Ok();
+  }
+  Status st = backend_->NotifyWhenDone(req.event, [peers, token](int32_t status) { peers->ExportDone(token, status); });
+  // The importer must not wait for ever on an event this side cannot watch.
+  if (!st.ok()) peers->ExportDone(token, FailedEventStatus(st));
+  return st;
+}
+
+// The importing half: a stand-in user event completed from the exporting worker's answer.
+Status Session::Call(const ir::EventImportReq& req, ir::EventImportRep*) {
+  if (!peers_) return Status(Code::kUnimplemented, "EventImport: this session has no server-to-server transport");
+  if (req.token == 0) return Status::Invalid("EventImport: token 0");
+  ir::EventCreateRep created;
+  TANDEM_RETURN_IF_ERROR(
+      backend_->OnEventCreate(ir::EventCreateReq{.event = req.event, .device = req.device, .flags = ir::kEventUser},
+                              &created));
+  {
+    std::lock_guard<std::mutex> lock(imports_mu_);
+    imports_pending_[req.event] = false;
+  }
+  const uint64_t event = req.event;
+  Status st = peers_->Import(req.peer, req.token, [this, event](int32_t status) { CompleteImport(event, status); });
+  if (!st.ok()) CompleteImport(event, FailedEventStatus(st));  // what waits on it fails instead of hanging
+  return st;
+}
+
+void Session::CompleteImport(uint64_t event, int32_t status) {
+  ir::UserEventSetRep unused;
+  Status st = backend_->OnUserEventSet(ir::UserEventSetReq{.event = event, .status = std::min(status, 0)}, &unused);
+  if (!st.ok()) log::Warn("imported event {:#x}: {}", event, st.ToString());
+  std::lock_guard<std::mutex> lock(imports_mu_);
+  auto it = imports_pending_.find(event);
+  if (it == imports_pending_.end()) return;
+  if (it->second) imports_to_destroy_.push_back(event);
+  imports_pending_.erase(it);
+}
+
+void Session::DestroyFinishedImports() {
+  std::vector<uint64_t> done;
+  {
+    std::lock_guard<std::mutex> lock(imports_mu_);
+    if (imports_to_destroy_.empty()) return;
+    done.swap(imports_to_destroy_);
+  }
+  for (uint64_t event : done) {
+    ir::EventDestroyRep unused;
+    Status st = backend_->OnEventDestroy(ir::EventDestroyReq{event}, &unused);
+    if (!st.ok()) log::Warn("imported event {:#x}: {}", event, st.ToString());
+  }
+}
+
 void Session::NoteSignal(uint64_t signal, const Status& st) {
   if (signal == 0) return;
   if (st.ok())
@@ -490,6 +552,15 @@ Status Session::Execute(const ir::EventWaitReq& req, ir::EventWaitRep* rep) {
 
 // A failed event may never have reached the backend; destroying it only forgets it.
 Status Session::Execute(const ir::EventDestroyReq& req, ir::EventDestroyRep* rep) {
+  {
+    // A stand-in whose answer has not come: commands may still wait on it, so it goes once
+    // it is complete (CompleteImport).
+    std::lock_guard<std::mutex> lock(imports_mu_);
+    if (auto it = imports_pending_.find(req.event); it != imports_pending_.end()) {
+      it->second = true;
+      return Status::Ok();
+    }
+  }
   const bool was_failed = failed_events_.erase(req.event) > 0;
   Status st = backend_->OnEventDestroy(req, rep);
   if (was_failed && st.code() == Code::kUnknownHandle) return Status::Ok();

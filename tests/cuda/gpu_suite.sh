@@ -4,6 +4,7 @@
 # CUDA backend on 127.0.0.1) and compares stdout and exit code; then runs one program again
 # through Tandem with the real CUDA libraries hidden from it (no libcudart, no libcuda, empty
 # LD_LIBRARY_PATH), as on a client with no CUDA installed. Exit 77 (skip) without a GPU.
+# Programs named multi_* run through two tandemd (device 0 of each), natively on the GPUs there are.
 set -u -o pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib/tandemd.sh"
 tandemd=$1 lib=$2; shift 2
@@ -17,10 +18,11 @@ fi
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/tandem-cuda.XXXXXX") || exit 1
 keep=${TANDEM_CUDA_SUITE_LOGS:-}  # a folder to copy every output to
-server_pid=""
+server_pid="" server_pids=()
 cleanup() {
   local rc=$?
-  stop_tandemd "$server_pid"
+  local pid
+  for pid in "${server_pids[@]}"; do stop_tandemd "$pid"; done
   [[ -n $keep ]] && mkdir -p "$keep" && cp -r "$work"/. "$keep"/
   rm -rf "$work"
   exit "$rc"
@@ -39,24 +41,30 @@ if ! ldconfig -p | grep -q 'libcudart\.so\.13 '; then
 fi
 
 # tandemd in its own process group, so cleanup stops the broker and its session workers.
+# start_server LOG: sets SERVER.
 start_server() {
-  local port
+  local port log=$work/$1
   for _ in 1 2 3; do
     port=$(free_port)
     SERVER=127.0.0.1:$port
-    setsid "$tandemd" --listen "$SERVER" --backend cuda >"$work/tandemd.log" 2>&1 &
+    setsid "$tandemd" --listen "$SERVER" --backend cuda >"$log" 2>&1 &
     server_pid=$!
+    server_pids+=("$server_pid")
     for _ in $(seq 1 300); do
       kill -0 "$server_pid" 2>/dev/null || break
-      grep -q 'tandemd listening on' "$work/tandemd.log" && { echo "tandemd ready on $SERVER"; return 0; }
+      grep -q 'tandemd listening on' "$log" && { echo "tandemd ready on $SERVER"; return 0; }
       sleep 0.1
     done
-    echo "tandemd did not start on $SERVER:"; cat "$work/tandemd.log"
-    kill -KILL -- "-$server_pid" 2>/dev/null; wait "$server_pid" 2>/dev/null; server_pid=""
+    echo "tandemd did not start on $SERVER:"; cat "$log"
+    kill -KILL -- "-$server_pid" 2>/dev/null; wait "$server_pid" 2>/dev/null
   done
   return 1
 }
-start_server || { echo "FAIL: tandemd --backend cuda would not start"; exit 1; }
+# A second server for the multi_* programs: their two devices are then on two servers (both
+# on this GPU), so cross-device waits and copies go server to server.
+start_server tandemd2.log || { echo "FAIL: tandemd --backend cuda would not start"; exit 1; }
+SERVER2=$SERVER
+start_server tandemd.log || { echo "FAIL: tandemd --backend cuda would not start"; exit 1; }
 
 passed=0 failed=0
 # compare NAME: native.out/rc against tandem.out/rc in $work/NAME.*
@@ -82,7 +90,9 @@ for prog in "${programs[@]}"; do
   name=$(basename "$prog")
   LD_LIBRARY_PATH=$native_path timeout -k 5 "$RUN_TIMEOUT" "$prog" >"$work/$name.native.out" 2>"$work/$name.native.err"
   echo $? >"$work/$name.native.rc"
-  LD_PRELOAD=$lib TANDEM_SERVERS=$SERVER timeout -k 5 "$RUN_TIMEOUT" "$prog" \
+  servers=$SERVER
+  [[ $name == multi_* ]] && servers=$SERVER/0,$SERVER2/0
+  LD_PRELOAD=$lib TANDEM_SERVERS=$servers timeout -k 5 "$RUN_TIMEOUT" "$prog" \
     >"$work/$name.tandem.out" 2>"$work/$name.tandem.err"
   echo $? >"$work/$name.tandem.rc"
   compare "$name"

@@ -4,7 +4,10 @@
 #include <CL/cl.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdlib>
 #include <numeric>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -195,6 +198,102 @@ TEST_F(MultiServer, PartialWriteKeepsTheOtherServersBytes) {
   std::fill(want.begin(), want.begin() + 16, 2);
   EXPECT_EQ(ReadAll(0, m, kCount), want);
   clReleaseMemObject(m);
+}
+
+// The relayed variant (TANDEM_VDMA=0) waits for another server's events in the client, so a
+// wait list that names one blocks the enqueue until the event completes.
+bool DirectLinks() {
+  const char* v = std::getenv("TANDEM_VDMA");
+  return !(v && std::string(v) == "0");
+}
+
+cl_int Status(cl_event e) {
+  cl_int status = 1;
+  EXPECT_EQ(clGetEventInfo(e, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, nullptr), CL_SUCCESS);
+  return status;
+}
+
+// A kernel on the second server waits for a kernel of the first that is itself held by a user
+// event: the enqueue returns at once (the wait is the servers' business, not the client's),
+// the second kernel does not run before the first, and both run once the user event is set.
+TEST_F(MultiServer, WaitListEventOfAnotherServerIsWaitedForThere) {
+  if (!DirectLinks()) GTEST_SKIP() << "with TANDEM_VDMA=0 the client itself waits for the event";
+  constexpr size_t kCount = 1024;
+  std::vector<int> zeros(kCount, 0);
+  cl_mem a = Buffer(kCount * sizeof(int), zeros.data());  // used on the first server only
+  cl_mem b = Buffer(kCount * sizeof(int));
+  ASSERT_EQ(clEnqueueMigrateMemObjects(queues_[1], 1, &b, CL_MIGRATE_MEM_OBJECT_CONTENT_UNDEFINED, 0, nullptr,
+                                       nullptr),
+            CL_SUCCESS);
+  ASSERT_EQ(clEnqueueWriteBuffer(queues_[1], b, CL_TRUE, 0, kCount * sizeof(int), zeros.data(), 0, nullptr, nullptr),
+            CL_SUCCESS);
+  ASSERT_EQ(ReadAll(0, a, kCount), zeros);
+  cl_int err = CL_SUCCESS;
+  cl_event gate = clCreateUserEvent(context_, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  cl_kernel inc = Kernel("inc");
+  cl_event first = nullptr, second = nullptr, third = nullptr;
+  ASSERT_EQ(clSetKernelArg(inc, 0, sizeof a, &a), CL_SUCCESS);
+  ASSERT_EQ(clEnqueueNDRangeKernel(queues_[0], inc, 1, nullptr, &kCount, nullptr, 1, &gate, &first), CL_SUCCESS);
+  ASSERT_EQ(clFlush(queues_[0]), CL_SUCCESS);
+  ASSERT_EQ(clSetKernelArg(inc, 0, sizeof b, &b), CL_SUCCESS);
+  // Waits on the first server's kernel, then (third) directly on the user event, which lives
+  // on the context's first server too.
+  ASSERT_EQ(clEnqueueNDRangeKernel(queues_[1], inc, 1, nullptr, &kCount, nullptr, 1, &first, &second), CL_SUCCESS);
+  ASSERT_EQ(clEnqueueNDRangeKernel(queues_[1], inc, 1, nullptr, &kCount, nullptr, 1, &gate, &third), CL_SUCCESS);
+  ASSERT_EQ(clFlush(queues_[1]), CL_SUCCESS);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_NE(Status(first), CL_COMPLETE);
+  EXPECT_NE(Status(second), CL_COMPLETE) << "ran before the other server's event completed";
+  EXPECT_NE(Status(third), CL_COMPLETE) << "ran before the user event was set";
+  ASSERT_EQ(clSetUserEventStatus(gate, CL_COMPLETE), CL_SUCCESS);
+  cl_event all[] = {first, second, third};
+  ASSERT_EQ(clWaitForEvents(3, all), CL_SUCCESS);
+  EXPECT_EQ(Status(second), CL_COMPLETE);
+  EXPECT_EQ(ReadAll(0, a, kCount), std::vector<int>(kCount, 1));
+  EXPECT_EQ(ReadAll(1, b, kCount), std::vector<int>(kCount, 2));
+  for (cl_event e : all) clReleaseEvent(e);
+  clReleaseEvent(gate);
+  clReleaseKernel(inc);
+  clReleaseMemObject(a);
+  clReleaseMemObject(b);
+}
+
+// A failure crosses servers as it does within one: the command that waits on another
+// server's failed event does not run, and its event reports the failure.
+TEST_F(MultiServer, FailedEventOfAnotherServerFailsItsWaiters) {
+  if (!DirectLinks()) GTEST_SKIP() << "with TANDEM_VDMA=0 the client itself waits for the event";
+  constexpr size_t kCount = 256;
+  std::vector<int> zeros(kCount, 0);
+  cl_mem b = Buffer(kCount * sizeof(int));
+  ASSERT_EQ(clEnqueueMigrateMemObjects(queues_[1], 1, &b, CL_MIGRATE_MEM_OBJECT_CONTENT_UNDEFINED, 0, nullptr,
+                                       nullptr),
+            CL_SUCCESS);
+  ASSERT_EQ(clEnqueueWriteBuffer(queues_[1], b, CL_TRUE, 0, kCount * sizeof(int), zeros.data(), 0, nullptr, nullptr),
+            CL_SUCCESS);
+  cl_int err = CL_SUCCESS;
+  cl_event gate = clCreateUserEvent(context_, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  cl_mem a = Buffer(kCount * sizeof(int), zeros.data());  // used on the first server only
+  ASSERT_EQ(ReadAll(0, a, kCount), zeros);
+  cl_event marker = nullptr, after = nullptr;
+  cl_kernel inc = Kernel("inc");
+  ASSERT_EQ(clSetKernelArg(inc, 0, sizeof a, &a), CL_SUCCESS);
+  ASSERT_EQ(clEnqueueNDRangeKernel(queues_[0], inc, 1, nullptr, &kCount, nullptr, 1, &gate, &marker), CL_SUCCESS);
+  ASSERT_EQ(clFlush(queues_[0]), CL_SUCCESS);
+  ASSERT_EQ(clSetKernelArg(inc, 0, sizeof b, &b), CL_SUCCESS);
+  ASSERT_EQ(clEnqueueNDRangeKernel(queues_[1], inc, 1, nullptr, &kCount, nullptr, 1, &marker, &after), CL_SUCCESS);
+  ASSERT_EQ(clFlush(queues_[1]), CL_SUCCESS);
+  ASSERT_EQ(clSetUserEventStatus(gate, -42), CL_SUCCESS);
+  EXPECT_EQ(clWaitForEvents(1, &after), CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST);
+  EXPECT_LT(Status(marker), 0);
+  EXPECT_LT(Status(after), 0) << "the kernel ran although what it waited for failed";
+  clReleaseEvent(after);
+  clReleaseEvent(marker);
+  clReleaseEvent(gate);
+  clReleaseKernel(inc);
+  clReleaseMemObject(a);
+  clReleaseMemObject(b);
 }
 
 }  // namespace

@@ -27,6 +27,14 @@ int32_t DeviceContext::Attr(int attr, int32_t fallback) const {
   return v;
 }
 
+std::vector<uint64_t> DeviceContext::ForeignWaits(uint64_t stream, const client::Session* source) const {
+  std::vector<uint64_t> out;
+  if (auto it = foreign_waits.find(stream); it != foreign_waits.end())
+    for (const auto& [session, event] : it->second)
+      if (session == source) out.push_back(event);
+  return out;
+}
+
 int32_t Function::Attr(uint32_t cu_attr, int32_t fallback) const {
   for (const ir::Prop& p : info.attrs) {
     if (p.key != ir::kCudaFuncAttrBase + cu_attr || p.value.size() != sizeof(int32_t)) continue;

@@ -98,6 +98,12 @@ struct DeviceContext {
   std::map<const Symbol*, std::pair<uint64_t, uint64_t>> globals;  // -> (address, size)
   cudaError_t sticky = cudaSuccess;
   unsigned flags = 0;             // cudaSetDeviceFlags
+  // Events of other servers that a stream of this device waits on (cudaStreamWaitEvent), by
+  // stream handle (0: the default stream): a copy from such a server on that stream reads its
+  // source only after them, since the stream's own order cannot reach that server.
+  std::map<uint64_t, std::vector<std::pair<client::Session*, uint64_t>>> foreign_waits;
+  // The events of `source` that a copy on `stream` must have its source wait for.
+  std::vector<uint64_t> ForeignWaits(uint64_t stream, const client::Session* source) const;
   int32_t Attr(int attr, int32_t fallback = 0) const;
   client::Session& session() const { return *dev->session; }
   uint64_t remote() const { return dev->remote_index; }
@@ -129,6 +135,13 @@ struct Event {
   int device = 0;
   unsigned flags = 0;
   bool recorded = false;  // an event never recorded is complete, as in CUDA
+  // Stand-ins of its current record on other servers, for their streams to wait on (made by
+  // cudaStreamWaitEvent, dropped when the event is recorded again or destroyed).
+  std::vector<std::pair<client::Session*, uint64_t>> imports;
+  void DropImports() {
+    for (const auto& [session, stand_in] : imports) session->Post(ir::EventDestroyReq{.event = stand_in});
+    imports.clear();
+  }
 };
 
 class Frontend {

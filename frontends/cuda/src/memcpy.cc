@@ -143,7 +143,8 @@ cudaError_t Copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cuda
       // Between servers: the destination server pulls the bytes from the source server
       // (relayed through this process with TANDEM_VDMA=0). Like a native device-to-device
       // copy, it does not wait for the copy to finish.
-      client::CopyEnd from{.session = &sdev->session(), .stream = src_stream, .buffer = 0, .offset = s.ptr.address};
+      client::CopyEnd from{.session = &sdev->session(), .stream = src_stream, .buffer = 0, .offset = s.ptr.address,
+                           .wait = dev->ForeignWaits(t.stream, &sdev->session())};
       client::CopyEnd to{.session = t.session, .stream = t.stream, .buffer = 0, .offset = d.ptr.address};
       lock.unlock();
       return ToCuda(client::CopyBetweenServers(from, to, n, 0));

@@ -201,6 +201,7 @@ TANDEM_API cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   DeviceContext* d = nullptr;
   TANDEM_RETURN_CUDA_IF_ERROR(Return(f.Device(it->second->device, &d)));
   d->session().Post(ir::StreamDestroyReq{.stream = it->second->handle});
+  d->foreign_waits.erase(it->second->handle);
   f.streams.erase(it);
   return cudaSuccess;
 }
@@ -244,14 +245,42 @@ TANDEM_API cudaError_t cudaStreamQuery(cudaStream_t stream) {
 
 TANDEM_API cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
   Frontend& f = Frontend::Get();
-  std::lock_guard<std::mutex> lock(f.mu);
+  std::unique_lock<std::mutex> lock(f.mu);
   auto e = f.events.find(event);
   if (e == f.events.end()) return Return(cudaErrorInvalidResourceHandle);
   DeviceContext* d = nullptr;
   StreamRef s;
   TANDEM_RETURN_CUDA_IF_ERROR(Return(StreamTarget(stream, &d, &s)));
-  if (!e->second->recorded) return cudaSuccess;  // waiting on a never-recorded event is a no-op
-  d->session().Post(ir::MarkerReq{.stream = s.handle, .barrier = 0, .wait = {e->second->handle}, .signal = 0});
+  Event& ev = *e->second;
+  if (!ev.recorded) return cudaSuccess;  // waiting on a never-recorded event is a no-op
+  DeviceContext* ed = nullptr;
+  TANDEM_RETURN_CUDA_IF_ERROR(Return(f.Device(ev.device, &ed)));
+  uint64_t wait = ev.handle;
+  if (&ed->session() != &d->session()) {
+    // Another server's event: the stream waits on its stand-in there, completed server to
+    // server; with direct links off, this thread waits for the event instead.
+    wait = 0;
+    for (const auto& [session, stand_in] : ev.imports)
+      if (session == &d->session()) wait = stand_in;
+    if (!wait) {
+      const uint64_t stand_in = client::Runtime::Get().NewHandle();
+      if (client::ImportEvent(ed->session(), ev.handle, d->session(), static_cast<uint32_t>(d->remote()), stand_in)
+              .ok()) {
+        ev.imports.emplace_back(&d->session(), stand_in);
+        wait = stand_in;
+      }
+    }
+    auto& waits = d->foreign_waits[s.handle];
+    const std::pair<client::Session*, uint64_t> waited{&ed->session(), ev.handle};
+    if (std::find(waits.begin(), waits.end(), waited) == waits.end()) waits.push_back(waited);
+    if (!wait) {
+      client::Session& from = ed->session();
+      const uint64_t handle = ev.handle;
+      lock.unlock();
+      return Return(ToCuda(from.Call(ir::EventWaitReq{.events = {handle}}).status()));
+    }
+  }
+  d->session().Post(ir::MarkerReq{.stream = s.handle, .barrier = 0, .wait = {wait}, .signal = 0});
   return cudaSuccess;
 }
 
@@ -316,6 +345,11 @@ TANDEM_API cudaError_t cudaEventDestroy(cudaEvent_t event) {
   DeviceContext* d = nullptr;
   TANDEM_RETURN_CUDA_IF_ERROR(Return(f.Device(it->second->device, &d)));
   d->session().Post(ir::EventDestroyReq{.event = it->second->handle});
+  it->second->DropImports();
+  // Copies must not name it any more.
+  for (DeviceContext* dev : f.known())
+    for (auto& [stream, waits] : dev->foreign_waits)
+      std::erase_if(waits, [&](const auto& w) { return w.second == it->second->handle; });
   f.events.erase(it);
   return cudaSuccess;
 }
@@ -331,6 +365,7 @@ TANDEM_API cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   if (d->index != it->second->device) return Return(cudaErrorInvalidResourceHandle);
   d->session().Post(ir::MarkerReq{.stream = s.handle, .barrier = 0, .wait = {}, .signal = it->second->handle});
   it->second->recorded = true;
+  it->second->DropImports();  // they stand for the previous record
   return cudaSuccess;
 }
 

@@ -153,6 +153,9 @@ void CudaBackend::ReleaseDevice(uint32_t device, bool keep_reservations) {
   d.warm_kernel = nullptr;
   d.warm_scratch = 0;
   d.warm_host = nullptr;
+  // Callbacks still queued on it run (with the reset's status) as the stream goes.
+  if (d.notify_stream) Forget("cuStreamDestroy", device, drv_->cuStreamDestroy(d.notify_stream));
+  d.notify_stream = nullptr;
   for (auto it = reservations_.begin(); !keep_reservations && it != reservations_.end();) {
     if (it->second.device != device) {
       ++it;

@@ -71,6 +71,7 @@ class CudaBackend final : public Backend {
   Status OnEventWait(const ir::EventWaitReq&, ir::EventWaitRep*) override;
   Status OnEventElapsed(const ir::EventElapsedReq&, ir::EventElapsedRep*) override;
   Status OnUserEventSet(const ir::UserEventSetReq&, ir::UserEventSetRep*) override;
+  Status NotifyWhenDone(uint64_t event, std::function<void(int32_t status)> done) override;
 
  private:
   // Pinned host words that user events hold streams on. Words are never reused (a stream
@@ -94,6 +95,9 @@ class CudaBackend final : public Backend {
     CUfunction warm_kernel = nullptr;
     CUdeviceptr warm_scratch = 0;
     uint8_t* warm_host = nullptr;  // pinned
+    // Cross-server event waits (NotifyWhenDone): a stream of its own waits on each exported
+    // event and then runs a host callback, created on first use.
+    CUstream notify_stream = nullptr;
   };
   struct Reservation {
     uint32_t device;

@@ -154,6 +154,7 @@ class OpenCLBackend : public Backend {
   Status OnEventWait(const ir::EventWaitReq&, ir::EventWaitRep*) override;
   Status OnEventTimes(const ir::EventTimesReq&, ir::EventTimesRep*) override;
   Status OnUserEventSet(const ir::UserEventSetReq&, ir::UserEventSetRep*) override;
+  Status NotifyWhenDone(uint64_t event, std::function<void(int32_t status)> done) override;
 
  private:
   // ---- handles (opencl_backend.cc) ----

@@ -165,6 +165,13 @@ bool DirectCopiesEnabled();
 // (TANDEM_VDMA=0): a blocking read into this process, then an asynchronous write.
 Status CopyBetweenServers(const CopyEnd& src, const CopyEnd& dst, uint64_t size, uint64_t signal);
 
+// Makes `event` of session `from` usable in wait lists on session `to`: `stand_in` (a fresh
+// handle) becomes an event of `to`'s device `device` that completes, or fails, when `event`
+// does on `from`, told server to server (ir EventExport / EventImport); nothing here waits.
+// kUnimplemented when direct links are off (TANDEM_VDMA=0, fault tolerance): the caller then
+// waits for the event itself. The caller destroys the stand-in (EventDestroy on `to`).
+Status ImportEvent(Session& from, uint64_t event, Session& to, uint32_t device, uint64_t stand_in);
+
 // Parses TANDEM_SERVERS ("host:port[,host:port...]"). Exposed for tests and `tandem info`.
 std::vector<std::string> ParseServerList(const std::string& list);
 

@@ -54,6 +54,15 @@ class Backend {
   void AllowDeferredReplies(bool allow) { defer_allowed_ = allow; }
   std::function<Status()> TakeDeferredReply() { return std::exchange(deferred_reply_, nullptr); }
 
+  // The source end of a cross-server event wait (ir EventExport): arranges for done(status)
+  // to run exactly once, on any thread, when `event` completes (0) or fails (negative),
+  // without blocking the caller. An event that was never signalled is complete.
+  virtual Status NotifyWhenDone(uint64_t event, std::function<void(int32_t status)> done) {
+    (void)event;
+    (void)done;
+    return Status(Code::kUnimplemented, "cross-server event waits are not supported by the " + name() + " backend");
+  }
+
   // Urgent commands (ir::kUrgent; today OnUserEventSet) are called from the worker's receive
   // thread while the executor may be inside any other method: they must be thread-safe.
 #define X(op, Name, flags, req, rep)                                   \

@@ -47,6 +47,14 @@ class PeerLink {
   // A bulk channel whose Pull asks the worker at `peer` ("host:port") for `transfer` and
   // hands its bytes over as they arrive.
   virtual Result<std::unique_ptr<BulkIO>> Sink(const std::string& peer, uint64_t transfer, uint64_t size) = 0;
+  // Cross-server event waits (ir EventExport / EventImport). The exporting side: the event
+  // behind `token` finished with `status` (0 or negative); the worker that watches the
+  // token is told now or as soon as it asks. Callable from any thread.
+  virtual void ExportDone(uint64_t token, int32_t status) = 0;
+  // The importing side: asks the worker at `peer` for `token`; `done` runs once with the
+  // status it answers, or a negative one if that worker is lost. Runs on the worker's receive
+  // thread (or at once on failure), so `done` must be safe beside the executor.
+  virtual Status Import(const std::string& peer, uint64_t token, std::function<void(int32_t status)> done) = 0;
 };
 
 // Fault injection for tests and evaluation (tandemd --inject-*): flips one random bit of
@@ -111,6 +119,8 @@ class Session {
   Status Call(const Req& req, typename Req::Reply* rep);
   Status Call(const ir::PeerSendReq& req, ir::PeerSendRep* rep);
   Status Call(const ir::PeerRecvReq& req, ir::PeerRecvRep* rep);
+  Status Call(const ir::EventExportReq& req, ir::EventExportRep* rep);
+  Status Call(const ir::EventImportReq& req, ir::EventImportRep* rep);
   Status Call(const ir::WarmReq& req, ir::WarmRep* rep);
   Status Call(const ir::BufferDigestReq& req, ir::BufferDigestRep* rep);
   // Maybe flips one bit of a read back (fault injection).
@@ -138,6 +148,11 @@ class Session {
   void Defer(const ir::Record& rec, const Status& st, uint64_t signal);
   std::vector<ir::AsyncError> TakeDeferred();
   void NoteSignal(uint64_t signal, const Status& st);
+  // An imported event's answer came (any thread): completes its stand-in, and queues it for
+  // destruction if the client already destroyed it (a command may still wait on it).
+  void CompleteImport(uint64_t event, int32_t status);
+  // Destroys the stand-ins CompleteImport queued (on the executor: backend tables are its own).
+  void DestroyFinishedImports();
 
   Backend* backend_;
   PeerLink* peers_ = nullptr;
@@ -155,6 +170,10 @@ class Session {
   uint64_t deferred_dropped_ = 0;
   std::unordered_map<uint64_t, FailedEvent> failed_events_;
   std::vector<LateReply> late_;
+  // Stand-ins of imported events not completed yet -> whether the client destroyed them.
+  std::mutex imports_mu_;
+  std::unordered_map<uint64_t, bool> imports_pending_;
+  std::vector<uint64_t> imports_to_destroy_;
 };
 
 }  // namespace tandem::server
