@@ -27,6 +27,7 @@ carried() {
   case $1 in
     libfabric-dev | libfabric-bin) [[ -e $deps/rdma/fabric.h ]] ;;
     libxxhash-dev) [[ -e $deps/xxhash.h ]] ;;
+    opencl-headers) [[ -e $deps/CL/cl_icd.h ]] ;;
     *) return 1 ;;
   esac
 }
