@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Run on the dev machine: copies the headers the GPU machine lacks (it has the libfabric1
 # and libxxhash0 runtimes, no network, no -dev packages; its OpenCL headers may be old)
-# into ./.deps/include, which is
-# git-ignored and which cmake/Deps.cmake searches. Carry .deps to the GPU machine with the
-# tree; scripts/setup.sh then does not try to install libfabric-dev or libxxhash-dev.
+# into ./.deps/include, which is git-ignored and which cmake/Deps.cmake searches. Carry .deps
+# to the GPU machine with the tree; scripts/setup.sh then does not try to install
+# libfabric-dev, libxxhash-dev or opencl-headers.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
