@@ -46,8 +46,17 @@ const TestCut& TestCutFromEnv() {
 
 }  // namespace
 
+// Fractions of a millisecond are allowed (e.g. 0.5); 0 turns keepalive off.
 Clock::duration KeepaliveInterval() {
-  static const Clock::duration t = std::chrono::milliseconds(EnvMillis("TANDEM_KEEPALIVE_MS", 2));
+  static const Clock::duration t = [] {
+    double ms = 2;
+    if (const char* v = std::getenv("TANDEM_KEEPALIVE_MS"); v && *v) {
+      char* end = nullptr;
+      const double parsed = std::strtod(v, &end);
+      if (end && *end == 0 && parsed >= 0 && parsed < 1e6) ms = parsed;
+    }
+    return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(ms));
+  }();
   return t;
 }
 

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "tandem/ir/codec.h"
 #include "tandem/log.h"
@@ -73,7 +74,122 @@ class PeerSink final : public BulkIO {
 };
 
 FabricPeerLink::FabricPeerLink(fabric::Endpoint* endpoint, fabric::Millis timeout)
-    : endpoint_(endpoint), timeout_(timeout) {}
+    : endpoint_(endpoint), timeout_(timeout), sender_([this] { SendLoop(); }) {}
+
+FabricPeerLink::~FabricPeerLink() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  sender_.join();
+}
+
+void FabricPeerLink::Offer(uint64_t transfer, uint64_t size, Result<std::shared_ptr<HostBuffer>> bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto pull = pulls_.find(transfer); pull != pulls_.end()) {
+    const Pull p = pull->second;
+    pulls_.erase(pull);
+    if (p.size != size)
+      bytes = Status::Invalid(
+          fmt::format("PeerSend: transfer {:#x} is {} bytes here, the puller asked for {}", transfer, size, p.size));
+    QueueSend(p.peer, transfer, size, std::move(bytes));
+    return;
+  }
+  offers_[transfer] = Offered{size, std::move(bytes), Clock::now()};
+}
+
+void FabricPeerLink::QueueSend(fabric::PeerId to, uint64_t transfer, uint64_t size,
+                               Result<std::shared_ptr<HostBuffer>> bytes) {
+  if (bytes.ok() && bytes.value()->size() < size)
+    bytes = Status(Code::kInternal, fmt::format("PeerSend: a {}-byte buffer for a {}-byte transfer",
+                                                bytes.value()->size(), size));
+  sends_.push_back(SendJob{to, transfer, std::move(bytes)});
+  cv_.notify_all();
+}
+
+Status FabricPeerLink::Expect(const std::string& peer, uint64_t transfer, std::shared_ptr<HostBuffer> into,
+                              std::function<void(const Status&)> done) {
+  if (peer == endpoint_->address())
+    return Status::Invalid("PeerRecv: the source is this session itself; copy within the session instead");
+  auto from = ConnectTo(peer);
+  if (!from.ok()) return from.status();
+  const uint64_t size = into->size();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (expected_.contains(transfer) || inboxes_.contains(transfer))
+      return Status::Invalid(fmt::format("PeerRecv: transfer {:#x} is already being received", transfer));
+    expected_[transfer] = Expected{from.value(), std::move(into), 0, std::move(done), Clock::now()};
+  }
+  Status st = SendPull(from.value(), transfer, size);
+  if (!st.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    expected_.erase(transfer);  // the caller fails the write with `st`
+  }
+  return st;
+}
+
+void FabricPeerLink::SendLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait_for(lock, std::chrono::milliseconds(100), [this] { return stopping_ || !sends_.empty(); });
+    if (stopping_) return;
+    while (!sends_.empty()) {
+      SendJob job = std::move(sends_.front());
+      sends_.pop_front();
+      lock.unlock();
+      SendTransfer(job);
+      lock.lock();
+    }
+    // Deadlines: a transfer that stopped coming fails (its write is released with the error),
+    // and bytes nobody pulled are forgotten.
+    const auto now = Clock::now();
+    std::vector<std::function<void(const Status&)>> expired;
+    for (auto it = expected_.begin(); it != expected_.end();) {
+      if (now - it->second.since > timeout_) {
+        log::Warn("PeerRecv: transfer {:#x} got {} of {} bytes in {} ms", it->first, it->second.received,
+                  it->second.into->size(), timeout_.count());
+        expired.push_back(std::move(it->second.done));
+        it = expected_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    std::erase_if(offers_, [&](const auto& o) {
+      if (now - o.second.since <= timeout_) return false;
+      log::Warn("PeerSend: no server pulled transfer {:#x} within {} ms", o.first, timeout_.count());
+      return true;
+    });
+    if (!expired.empty()) {
+      lock.unlock();
+      for (auto& done : expired)
+        done(Status(Code::kTimeout, fmt::format("PeerRecv: the source server sent nothing for {} ms", timeout_.count())));
+      lock.lock();
+    }
+  }
+}
+
+void FabricPeerLink::SendTransfer(const SendJob& job) {
+  if (!job.bytes.ok()) {
+    SendAlone(job.to, ir::PeerAbortReq{job.transfer, static_cast<uint32_t>(job.bytes.status().code()),
+                                       job.bytes.status().message()});
+    return;
+  }
+  HostBuffer& bytes = *job.bytes.value();
+  const size_t len = bytes.size();
+  for (size_t offset = 0; offset < len;) {
+    const size_t n = std::min(kChunk, len - offset);
+    ir::BatchWriter w(ir::BatchKind::kRequests);
+    uint8_t* into = w.AddRequestWithTail(ir::PeerDataReq{job.transfer, offset, {}}, n, 0);
+    std::memcpy(into, bytes.data() + offset, n);
+    Status st = endpoint_->Send(job.to, w.Finish());
+    if (!st.ok()) {
+      log::Warn("PeerSend: transfer {:#x} cut after {} bytes: {}", job.transfer, offset, st.ToString());
+      return;  // the puller sees the link go
+    }
+    offset += n;
+  }
+}
 
 Result<std::unique_ptr<BulkIO>> FabricPeerLink::Source(uint64_t transfer, uint64_t size) {
   std::unique_lock<std::mutex> lock(mu_);
@@ -205,8 +321,10 @@ bool FabricPeerLink::OnMessage(fabric::PeerId peer, std::vector<uint8_t>&& messa
       if (!(ok = TakeRecord(peer, rec, owner, &after))) break;
     cv_.notify_all();
   }
+  for (const auto& c : after.copies) std::memcpy(c.to, c.from, c.n);
   for (const auto& answer : after.answers) SendAlone(peer, answer);
   for (auto& [done, status] : after.outcomes) done(status);
+  for (auto& [done, status] : after.finished) done(status);
   return ok;
 }
 
@@ -215,8 +333,34 @@ bool FabricPeerLink::TakeRecord(fabric::PeerId peer, const ir::Record& rec,
   switch (static_cast<ir::Opcode>(rec.header.opcode)) {
     case ir::Opcode::kPeerPull: {
       ir::PeerPullReq pull;
-      if (!ir::DecodeRequest(rec.payload, &pull).ok() || pulls_.size() >= kMaxPendingPulls) return false;
+      if (!ir::DecodeRequest(rec.payload, &pull).ok()) return false;
+      if (auto o = offers_.find(pull.transfer); o != offers_.end()) {  // read already: send it
+        Result<std::shared_ptr<HostBuffer>> bytes = std::move(o->second.bytes);
+        if (o->second.size != pull.size)
+          bytes = Status::Invalid(fmt::format("PeerSend: transfer {:#x} is {} bytes here, the puller asked for {}",
+                                              pull.transfer, o->second.size, pull.size));
+        const uint64_t size = o->second.size;
+        offers_.erase(o);
+        QueueSend(peer, pull.transfer, size, std::move(bytes));
+        return true;
+      }
+      if (pulls_.size() >= kMaxPendingPulls) return false;
       pulls_[pull.transfer] = Pull{peer, pull.size};
+      return true;
+    }
+    case ir::Opcode::kPeerAbort: {
+      ir::PeerAbortReq abort;
+      if (!ir::DecodeRequest(rec.payload, &abort).ok()) return false;
+      auto it = expected_.find(abort.transfer);
+      if (it == expected_.end() || it->second.from != peer) {
+        auto in = inboxes_.find(abort.transfer);
+        if (in != inboxes_.end() && in->second.from == peer)
+          in->second.failed = Status(Code::kApiError, "the source server could not read the bytes: " + abort.message);
+        return true;
+      }
+      after->finished.emplace_back(std::move(it->second.done),
+                                   Status(Code::kApiError, "the source server could not read the bytes: " + abort.message));
+      expected_.erase(it);
       return true;
     }
     case ir::Opcode::kPeerData: {
@@ -226,6 +370,31 @@ bool FabricPeerLink::TakeRecord(fabric::PeerId peer, const ir::Record& rec,
       uint32_t n;
       if (!r.GetInt(&transfer) || !r.GetInt(&offset) || !r.GetCount(&n, ir::kMaxBytes, 1) || r.remaining() != n)
         return false;
+      if (auto e = expected_.find(transfer); e != expected_.end()) {
+        Expected& x = e->second;
+        // Only from the worker this one asked, in order, within the transfer.
+        if (x.from != peer) {
+          log::Warn("PeerData for transfer {:#x} from a peer not asked for it: dropped", transfer);
+          return true;
+        }
+        if (offset != x.received || n > x.into->size() - x.received) {
+          after->finished.emplace_back(
+              std::move(x.done), Status::Protocol(fmt::format("PeerData of transfer {:#x}: bytes [{}, +{}) where "
+                                                              "[{}, ...) of {} was due",
+                                                              transfer, offset, n, x.received, x.into->size())));
+          expected_.erase(e);
+          return true;
+        }
+        const size_t at = static_cast<size_t>(r.cursor() - owner->data());
+        after->copies.push_back(Deferred::Copy{x.into, x.into->data() + offset, owner, owner->data() + at, n});
+        x.received += n;
+        x.since = Clock::now();
+        if (x.received == x.into->size()) {
+          after->finished.emplace_back(std::move(x.done), Status::Ok());
+          expected_.erase(e);
+        }
+        return true;
+      }
       // Only from a worker this one asked, for a transfer it is receiving from that worker.
       auto it = inboxes_.find(transfer);
       if (!outgoing_.contains(peer) || it == inboxes_.end() || it->second.from != peer) {
@@ -282,6 +451,16 @@ void FabricPeerLink::OnPeerLost(fabric::PeerId peer, const Status& why) {
     if (in.from == peer) in.failed = Status(Code::kLinkLost, "the source server of a copy was lost: " + why.message());
   std::erase_if(pulls_, [&](const auto& p) { return p.second.peer == peer; });
   std::erase_if(exports_, [&](const auto& e) { return e.second.watcher == peer; });
+  std::erase_if(sends_, [&](const SendJob& j) { return j.to == peer; });
+  std::vector<std::function<void(const Status&)>> cut;
+  for (auto it = expected_.begin(); it != expected_.end();) {
+    if (it->second.from == peer) {
+      cut.push_back(std::move(it->second.done));
+      it = expected_.erase(it);
+    } else {
+      ++it;
+    }
+  }
   // Whatever waits on that worker's events fails instead of waiting for ever.
   std::vector<std::function<void(int32_t)>> lost;
   for (auto it = imports_.begin(); it != imports_.end();) {
@@ -295,6 +474,7 @@ void FabricPeerLink::OnPeerLost(fabric::PeerId peer, const Status& why) {
   cv_.notify_all();
   lock.unlock();
   for (auto& done : lost) done(-(ir::kEventFailedTandem + static_cast<int32_t>(Code::kServerLost)));
+  for (auto& done : cut) done(Status(Code::kLinkLost, "the source server of a copy was lost: " + why.message()));
 }
 
 }  // namespace tandem::server

@@ -15,6 +15,7 @@
 // from whatever thread the backend reports completions on.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -25,6 +26,7 @@
 #include <set>
 #include <span>
 #include <string>
+#include <thread>
 
 #include "tandem/fabric/fabric.h"
 #include "tandem/server/session.h"
@@ -41,11 +43,15 @@ class FabricPeerLink final : public PeerLink {
   static constexpr size_t kMaxPendingExports = 65536;
 
   FabricPeerLink(fabric::Endpoint* endpoint, fabric::Millis timeout);
+  ~FabricPeerLink() override;
 
   Result<std::unique_ptr<BulkIO>> Source(uint64_t transfer, uint64_t size) override;
   Result<std::unique_ptr<BulkIO>> Sink(const std::string& peer, uint64_t transfer, uint64_t size) override;
   void ExportDone(uint64_t token, int32_t status) override;
   Status Import(const std::string& peer, uint64_t token, std::function<void(int32_t status)> done) override;
+  void Offer(uint64_t transfer, uint64_t size, Result<std::shared_ptr<HostBuffer>> bytes) override;
+  Status Expect(const std::string& peer, uint64_t transfer, std::shared_ptr<HostBuffer> into,
+                std::function<void(const Status&)> done) override;
 
   // A message from a peer other than the session's client. False when it is not a valid
   // peer message (the caller refuses the peer).
@@ -82,11 +88,41 @@ class FabricPeerLink final : public PeerLink {
     std::deque<Chunk> chunks;
     Status failed;
   };
+  using Clock = std::chrono::steady_clock;
+  // Asynchronous transfers. Source side: bytes read (or why not) waiting for their pull.
+  struct Offered {
+    uint64_t size = 0;
+    Result<std::shared_ptr<HostBuffer>> bytes{Status::Ok()};
+    Clock::time_point since;
+  };
+  // Destination side: where the bytes go, how many came, and who hears the outcome.
+  struct Expected {
+    fabric::PeerId from = 0;
+    std::shared_ptr<HostBuffer> into;
+    uint64_t received = 0;
+    std::function<void(const Status&)> done;
+    Clock::time_point since;
+  };
+  // One transfer for the sender thread: its bytes, or why the source could not read them.
+  struct SendJob {
+    fabric::PeerId to = 0;
+    uint64_t transfer = 0;
+    Result<std::shared_ptr<HostBuffer>> bytes{Status::Ok()};
+  };
 
-  // What OnMessage does once its lock is released.
+  // What OnMessage does once its lock is released, in this order.
   struct Deferred {
+    struct Copy {  // the shared pointers keep both ends alive
+      std::shared_ptr<HostBuffer> buffer;
+      uint8_t* to;
+      std::shared_ptr<const std::vector<uint8_t>> message;
+      const uint8_t* from;
+      size_t n;
+    };
+    std::vector<Copy> copies;  // PeerData into an expected transfer's buffer
     std::vector<ir::PeerSignalReq> answers;
     std::vector<std::pair<std::function<void(int32_t)>, int32_t>> outcomes;
+    std::vector<std::pair<std::function<void(const Status&)>, Status>> finished;
   };
   // One record of a peer's message, with mu_ held. False: not a valid peer record.
   bool TakeRecord(fabric::PeerId peer, const ir::Record& rec, const std::shared_ptr<const std::vector<uint8_t>>& owner,
@@ -96,6 +132,12 @@ class FabricPeerLink final : public PeerLink {
   // Sends one peer command on its own (false when the peer is gone; logged).
   template <class Req>
   bool SendAlone(fabric::PeerId peer, const Req& req);
+  // A pulled transfer whose bytes are ready goes to the sender thread. mu_ held.
+  void QueueSend(fabric::PeerId to, uint64_t transfer, uint64_t size, Result<std::shared_ptr<HostBuffer>> bytes);
+  // The sender thread: sends queued transfers, and fails expected transfers (and forgets
+  // offers) that outlived the timeout.
+  void SendLoop();
+  void SendTransfer(const SendJob& job);
   // The next chunk of an inbox, waiting at most the timeout.
   Result<Chunk> NextChunk(uint64_t transfer);
   void CloseInbox(uint64_t transfer);
@@ -110,6 +152,11 @@ class FabricPeerLink final : public PeerLink {
   std::map<uint64_t, Inbox> inboxes_;  // destination side: transfers being received
   std::map<uint64_t, Exported> exports_;  // token -> exported event
   std::map<uint64_t, Imported> imports_;  // token -> imported event
+  std::map<uint64_t, Offered> offers_;    // async source side: transfer -> bytes, before the pull
+  std::map<uint64_t, Expected> expected_;  // async destination side: transfers being received
+  std::deque<SendJob> sends_;
+  bool stopping_ = false;
+  std::thread sender_;
 };
 
 }  // namespace tandem::server

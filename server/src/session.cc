@@ -80,6 +80,7 @@ BatchOutcome Session::HandleBatch(std::span<const uint8_t> msg) {
     }
   }
   DestroyFinishedImports();
+  TakeAsyncFailures();
   std::vector<ir::Record> records;
   Status st = ir::ParseBatch(msg, ir::BatchKind::kRequests, &records);
   if (!st.ok()) {
@@ -405,6 +406,19 @@ Status Session::Call(const ir::WarmReq& req, ir::WarmRep* rep) {
 Status Session::Call(const ir::PeerSendReq& req, ir::PeerSendRep*) {
   if (!peers_) return Status(Code::kUnimplemented, "PeerSend: this session has no server-to-server transport");
   if (req.size == 0) return Status::Invalid("PeerSend: empty transfer");
+  if (req.size <= kAsyncPeerBytes) {
+    // Read in stream order into host memory; the link sends it when it is there and pulled,
+    // while this thread goes on with the next command.
+    PeerLink* peers = peers_;
+    const uint64_t transfer = req.transfer, size = req.size;
+    Status st = backend_->ReadToHost(
+        req.stream, req.buffer, req.offset, req.size, req.wait, req.signal,
+        [peers, transfer, size](Result<std::shared_ptr<HostBuffer>> bytes) { peers->Offer(transfer, size, std::move(bytes)); });
+    if (st.code() != Code::kUnimplemented) {
+      if (!st.ok()) peers->Offer(transfer, size, st);  // the puller fails too
+      return st;
+    }
+  }
   auto io = peers_->Source(req.transfer, req.size);
   if (!io.ok()) return io.status();
   ir::BufferReadReq read{.stream = req.stream, .buffer = req.buffer, .offset = req.offset, .size = req.size,
@@ -417,6 +431,21 @@ Status Session::Call(const ir::PeerSendReq& req, ir::PeerSendRep*) {
 Status Session::Call(const ir::PeerRecvReq& req, ir::PeerRecvRep*) {
   if (!peers_) return Status(Code::kUnimplemented, "PeerRecv: this session has no server-to-server transport");
   if (req.size == 0) return Status::Invalid("PeerRecv: empty transfer");
+  if (req.size <= kAsyncPeerBytes) {
+    // The write is enqueued now and held until the bytes are here; this thread goes on.
+    auto pending = backend_->WriteFromHost(req.stream, req.buffer, req.offset, req.size, req.wait, req.signal);
+    if (pending.ok()) {
+      auto release = pending->release;
+      const uint64_t signal = req.signal;
+      Status st = peers_->Expect(req.peer, req.transfer, pending->staging, [this, release, signal](const Status& got) {
+        if (!got.ok()) NoteAsyncFailure(ir::Opcode::kPeerRecv, signal, got);  // before the write is let go
+        release(got);
+      });
+      if (!st.ok()) release(st);
+      return st;
+    }
+    if (pending.status().code() != Code::kUnimplemented) return pending.status();
+  }
   auto io = peers_->Sink(req.peer, req.transfer, req.size);
   if (!io.ok()) return io.status();
   ir::BufferWriteReq write{.stream = req.stream, .buffer = req.buffer, .offset = req.offset, .size = req.size,
@@ -483,6 +512,25 @@ void Session::DestroyFinishedImports() {
     ir::EventDestroyRep unused;
     Status st = backend_->OnEventDestroy(ir::EventDestroyReq{event}, &unused);
     if (!st.ok()) log::Warn("imported event {:#x}: {}", event, st.ToString());
+  }
+}
+
+void Session::NoteAsyncFailure(ir::Opcode opcode, uint64_t signal, const Status& st) {
+  std::lock_guard<std::mutex> lock(async_mu_);
+  async_failures_.push_back(AsyncFailure{opcode, signal, st});
+}
+
+void Session::TakeAsyncFailures() {
+  std::vector<AsyncFailure> failures;
+  {
+    std::lock_guard<std::mutex> lock(async_mu_);
+    failures.swap(async_failures_);
+  }
+  for (const AsyncFailure& f : failures) {
+    ir::Record rec;
+    rec.header.opcode = static_cast<uint16_t>(f.opcode);
+    Defer(rec, f.status, f.signal);
+    NoteSignal(f.signal, f.status);
   }
 }
 

@@ -63,6 +63,7 @@ CudaBackend::CudaBackend(const Driver* driver, std::vector<CUdevice> devices, st
 }
 
 CudaBackend::~CudaBackend() {
+  if (!devices_.empty() && devices_[0].ctx && Enter(0).ok()) FreePinned();
   for (uint32_t i = 0; i < devices_.size(); ++i) ReleaseDevice(i, false);
 }
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -72,6 +73,12 @@ class CudaBackend final : public Backend {
   Status OnEventElapsed(const ir::EventElapsedReq&, ir::EventElapsedRep*) override;
   Status OnUserEventSet(const ir::UserEventSetReq&, ir::UserEventSetRep*) override;
   Status NotifyWhenDone(uint64_t event, std::function<void(int32_t status)> done) override;
+  Status ReadToHost(uint64_t stream, uint64_t buffer, uint64_t offset, uint64_t size, const ir::u64s& wait,
+                    uint64_t signal, std::function<void(Result<std::shared_ptr<HostBuffer>>)> done) override;
+  Result<PendingWrite> WriteFromHost(uint64_t stream, uint64_t buffer, uint64_t offset, uint64_t size,
+                                     const ir::u64s& wait, uint64_t signal) override;
+
+  struct PinnedPool;  // cuda_async.cc
 
  private:
   // Pinned host words that user events hold streams on. Words are never reused (a stream
@@ -189,6 +196,12 @@ class CudaBackend final : public Backend {
   // cuda_module.cc
   Status DescribeFunction(const Function& f, ir::FunctionInfo* info);
 
+  // cuda_async.cc: completions reported by host callbacks, pinned buffers of async transfers.
+  Status CallWhenDone(const Queue& q, std::optional<uint64_t> event, std::function<void(int32_t)> fn);
+  Result<Queue> PeerQueue(uint64_t stream, const Span& span, const ir::u64s& wait, const char* what);
+  Result<std::shared_ptr<HostBuffer>> Pinned(uint32_t device, size_t n);
+  void FreePinned();
+
   const Driver* drv_;
   std::vector<Device> devices_;
   std::unique_ptr<OutputCapture> output_;
@@ -205,6 +218,7 @@ class CudaBackend final : public Backend {
   std::mutex user_mu_;
   std::condition_variable user_cv_;
   std::unordered_map<uint64_t, UserEvent> user_events_;
+  std::shared_ptr<PinnedPool> pinned_;
 };
 
 // Parses BackendOptions::devices ("0,2") against the driver's device count.

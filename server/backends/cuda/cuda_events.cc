@@ -282,40 +282,6 @@ Status CudaBackend::OnEventElapsed(const ir::EventElapsedReq& req, ir::EventElap
   return Status::Ok();
 }
 
-namespace {
-// The host callback of an exported event: its stream reached the event, or failed.
-void CUDA_CB Notify(CUstream, CUresult status, void* data) {
-  std::unique_ptr<std::function<void(int32_t)>> done(static_cast<std::function<void(int32_t)>*>(data));
-  (*done)(status == CUDA_SUCCESS ? ir::kEventComplete : -static_cast<int32_t>(status));
-}
-}  // namespace
-
-// A stream of the event's device waits for the event as it stands now (as cudaStreamWaitEvent
-// does), then a host callback reports it: nothing blocks, and a failure of the work before the
-// event is reported too (cuStreamAddCallback passes it; cuLaunchHostFunc would not run).
-Status CudaBackend::NotifyWhenDone(uint64_t event, std::function<void(int32_t status)> done) {
-  uint32_t device = 0;
-  if (auto it = events_.find(event); it != events_.end()) {
-    device = it->second.device;
-  } else {
-    std::lock_guard<std::mutex> lock(user_mu_);
-    auto u = user_events_.find(event);
-    if (u == user_events_.end()) return Status::Unknown(fmt::format("EventExport: unknown event {}", event));
-    device = u->second.device;
-  }
-  TANDEM_RETURN_IF_ERROR(Enter(device));
-  Device& d = devices_[device];
-  if (!d.notify_stream)
-    TANDEM_RETURN_IF_ERROR(Check(device, drv_->cuStreamCreateWithPriority(&d.notify_stream, CU_STREAM_NON_BLOCKING, 0),
-                                 "cuStreamCreateWithPriority"));
-  const Queue q{device, d.notify_stream};
-  TANDEM_RETURN_IF_ERROR(WaitEvents(q, {event}));
-  auto fn = std::make_unique<std::function<void(int32_t)>>(std::move(done));
-  TANDEM_RETURN_IF_ERROR(Check(device, drv_->cuStreamAddCallback(q.stream, Notify, fn.get(), 0), "cuStreamAddCallback"));
-  fn.release();  // Notify owns it now
-  return Status::Ok();
-}
-
 // Urgent: runs on the worker's receive thread, beside the executor; touches user events only.
 Status CudaBackend::OnUserEventSet(const ir::UserEventSetReq& req, ir::UserEventSetRep*) {
   std::lock_guard<std::mutex> lock(user_mu_);

@@ -17,6 +17,7 @@ if(TANDEM_CUDA_INCLUDE_DIR)
     ${CMAKE_CURRENT_LIST_DIR}/cuda_module.cc
     ${CMAKE_CURRENT_LIST_DIR}/cuda_launch.cc
     ${CMAKE_CURRENT_LIST_DIR}/cuda_events.cc
+    ${CMAKE_CURRENT_LIST_DIR}/cuda_async.cc
     ${CMAKE_CURRENT_LIST_DIR}/cuda_warm.cc)
   # cuda.h only: the driver is opened with dlopen, never linked.
   target_include_directories(tandem_backend_cuda SYSTEM PRIVATE ${TANDEM_CUDA_INCLUDE_DIR})

@@ -12,10 +12,15 @@
 #include <CL/cl.h>
 #include <CL/cl_ext.h>
 
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
-#include <map>
-#include <mutex>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -69,6 +74,8 @@ struct Device {
   std::string platform_name;
   ContextRef context;
   QueueRef default_queue;  // stream 0: created on first use, with profiling
+  // Server-to-server staging (opencl_async.cc): blocking host copies off the executor.
+  QueueRef transfer_queue;
   // Keepalive (OnWarm): its own queue, a small scratch buffer and an empty kernel.
   QueueRef warm_queue;
   MemRef warm_scratch;
@@ -114,6 +121,34 @@ struct Enqueue {
   cl_event* event_out(bool needed = false) { return signal || needed ? &done : nullptr; }
 };
 
+// Runs a function, on a thread of its own, once an OpenCL event is done (its status: CL_COMPLETE
+// or negative). One per process: the worker has one session. See opencl_async.cc.
+class EventWatcher {
+ public:
+  static EventWatcher& Get();
+  // Takes over one reference to `event`.
+  void Watch(cl_event event, std::function<void(cl_int status)> fn);
+
+ private:
+  struct Pending {
+    cl_event event;
+    std::function<void(cl_int)> fn;
+    std::chrono::steady_clock::time_point since;
+  };
+  struct Ready {
+    std::function<void(cl_int)> fn;
+    cl_int status = 0;
+    cl_event event = nullptr;
+  };
+  void PollLoop();
+  void RunLoop();
+  std::mutex mu_;
+  std::condition_variable cv_, run_cv_;
+  std::vector<Pending> watches_;
+  std::deque<Ready> ready_;
+  bool started_ = false;
+};
+
 class OpenCLBackend : public Backend {
  public:
   OpenCLBackend(std::vector<Device> devices, std::string name);
@@ -155,6 +190,10 @@ class OpenCLBackend : public Backend {
   Status OnEventTimes(const ir::EventTimesReq&, ir::EventTimesRep*) override;
   Status OnUserEventSet(const ir::UserEventSetReq&, ir::UserEventSetRep*) override;
   Status NotifyWhenDone(uint64_t event, std::function<void(int32_t status)> done) override;
+  Status ReadToHost(uint64_t stream, uint64_t buffer, uint64_t offset, uint64_t size, const ir::u64s& wait,
+                    uint64_t signal, std::function<void(Result<std::shared_ptr<HostBuffer>>)> done) override;
+  Result<PendingWrite> WriteFromHost(uint64_t stream, uint64_t buffer, uint64_t offset, uint64_t size,
+                                     const ir::u64s& wait, uint64_t signal) override;
 
  private:
   // ---- handles (opencl_backend.cc) ----
@@ -167,6 +206,7 @@ class OpenCLBackend : public Backend {
 
   // ---- enqueues (opencl_backend.cc) ----
   Result<cl_command_queue> DefaultQueue(uint32_t device);
+  Result<cl_command_queue> TransferQueue(uint32_t device);
   // Resolves stream (0: the device's default queue), wait list and signal for `device`.
   Status Prepare(uint64_t stream, uint32_t device, const ir::u64s& wait, uint64_t signal, Enqueue* e);
   // Binds the command's event to its signal handle (or releases it when there is none).

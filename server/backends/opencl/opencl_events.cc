@@ -2,13 +2,6 @@
 // queries, waits and profiling times.
 #include <fmt/format.h>
 
-#include <atomic>
-#include <chrono>
-#include <condition_variable>
-#include <memory>
-#include <mutex>
-#include <thread>
-
 #include "opencl_backend.h"
 
 namespace tandem::server::opencl {
@@ -174,68 +167,7 @@ Status OpenCLBackend::OnEventTimes(const ir::EventTimesReq& req, ir::EventTimesR
   return Status::Ok();
 }
 
-namespace {
-
-// One exported event: `done` runs once, from the implementation's callback when the event
-// completes, or from the failure poller when it fails (PoCL 3 and 5 mark an event failed by
-// a failed wait list without calling its CL_COMPLETE callbacks).
-struct ExportWatch {
-  cl_event event;  // retained while the poller keeps the watch
-  std::function<void(int32_t)> done;
-  std::atomic<bool> fired{false};
-  void Fire(int32_t status) {
-    if (!fired.exchange(true)) done(status);
-  }
-};
-
-class FailurePoller {
- public:
-  static FailurePoller& Get() {
-    static FailurePoller* p = new FailurePoller;  // its thread outlives every backend
-    return *p;
-  }
-  void Add(std::shared_ptr<ExportWatch> w) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!started_) {
-      std::thread([this] { Loop(); }).detach();
-      started_ = true;
-    }
-    watches_.push_back(std::move(w));
-    cv_.notify_one();
-  }
-
- private:
-  void Loop() {
-    std::unique_lock<std::mutex> lock(mu_);
-    for (;;) {
-      cv_.wait(lock, [this] { return !watches_.empty(); });
-      std::erase_if(watches_, [](const std::shared_ptr<ExportWatch>& w) {
-        cl_int st = CL_QUEUED;
-        if (!w->fired && clGetEventInfo(w->event, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof st, &st, nullptr) ==
-                             CL_SUCCESS &&
-            st < 0)
-          w->Fire(st);
-        if (!w->fired) return false;
-        clReleaseEvent(w->event);
-        return true;
-      });
-      cv_.wait_for(lock, std::chrono::milliseconds(1));
-    }
-  }
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<std::shared_ptr<ExportWatch>> watches_;
-  bool started_ = false;
-};
-
-void CL_CALLBACK Notify(cl_event, cl_int status, void* data) {
-  std::unique_ptr<std::shared_ptr<ExportWatch>> w(static_cast<std::shared_ptr<ExportWatch>*>(data));
-  (*w)->Fire(status);  // CL_COMPLETE or the command's negative error
-}
-
-}  // namespace
-
-// The implementation calls back when the event completes; a poller catches failures.
+// The source end of a cross-server event wait: the watcher reports when the event is done.
 Status OpenCLBackend::NotifyWhenDone(uint64_t event, std::function<void(int32_t status)> done) {
   cl_event ce = nullptr;
   {
@@ -249,17 +181,7 @@ Status OpenCLBackend::NotifyWhenDone(uint64_t event, std::function<void(int32_t 
     done(CL_COMPLETE);  // never signalled: complete
     return Status::Ok();
   }
-  auto watch = std::make_shared<ExportWatch>();
-  watch->event = ce;
-  watch->done = std::move(done);
-  auto data = std::make_unique<std::shared_ptr<ExportWatch>>(watch);
-  cl_int err = clSetEventCallback(ce, CL_COMPLETE, Notify, data.get());
-  if (err != CL_SUCCESS) {
-    clReleaseEvent(ce);
-    return ClError(err, "clSetEventCallback");
-  }
-  data.release();  // Notify owns it now (never freed if the implementation never calls it)
-  FailurePoller::Get().Add(std::move(watch));
+  EventWatcher::Get().Watch(ce, std::move(done));
   return Status::Ok();
 }
 

@@ -4,6 +4,7 @@
 // (MakeOpenCLBackend, MakeCudaBackend), never by static initialisers.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -27,6 +28,24 @@ class BulkIO {
   // Fills chunks with source(chunk, offset, n) and writes them to the client's region.
   virtual Status Push(const ir::Region& remote, size_t len,
                       const std::function<Status(uint8_t* chunk, size_t offset, size_t n)>& source) = 0;
+};
+
+// Host memory an asynchronous server-to-server transfer keeps its bytes in (pinned where the
+// API needs that for copies that run later).
+class HostBuffer {
+ public:
+  virtual ~HostBuffer() = default;
+  virtual uint8_t* data() = 0;
+  virtual size_t size() const = 0;
+};
+
+// The destination half of an asynchronous transfer (Backend::WriteFromHost): the write is
+// enqueued, and held with everything after it on its stream, until `release` runs: with Ok
+// once `staging` holds the bytes, or with a failure to fail the write instead. `release`
+// runs once, on any thread.
+struct PendingWrite {
+  std::shared_ptr<HostBuffer> staging;
+  std::function<void(const Status&)> release;
 };
 
 struct BackendOptions {
@@ -61,6 +80,21 @@ class Backend {
     (void)event;
     (void)done;
     return Status(Code::kUnimplemented, "cross-server event waits are not supported by the " + name() + " backend");
+  }
+
+  // Asynchronous halves of a server-to-server copy (ir PeerSend / PeerRecv), so a session's
+  // executor never waits on another server: both enqueue in stream order, after `wait`, and
+  // return at once; `signal` completes with the command. ReadToHost copies the range into a
+  // host buffer and runs done(buffer) once, on any thread, when the bytes are there (or
+  // done(why not)). WriteFromHost: see PendingWrite. kUnimplemented: the session then moves
+  // the bytes through the blocking BulkIO path instead.
+  virtual Status ReadToHost(uint64_t stream, uint64_t buffer, uint64_t offset, uint64_t size, const ir::u64s& wait,
+                            uint64_t signal, std::function<void(Result<std::shared_ptr<HostBuffer>>)> done) {
+    return Status(Code::kUnimplemented, "asynchronous transfers are not supported by the " + name() + " backend");
+  }
+  virtual Result<PendingWrite> WriteFromHost(uint64_t stream, uint64_t buffer, uint64_t offset, uint64_t size,
+                                             const ir::u64s& wait, uint64_t signal) {
+    return Status(Code::kUnimplemented, "asynchronous transfers are not supported by the " + name() + " backend");
   }
 
   // Urgent commands (ir::kUrgent; today OnUserEventSet) are called from the worker's receive

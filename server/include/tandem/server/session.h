@@ -55,6 +55,14 @@ class PeerLink {
   // status it answers, or a negative one if that worker is lost. Runs on the worker's receive
   // thread (or at once on failure), so `done` must be safe beside the executor.
   virtual Status Import(const std::string& peer, uint64_t token, std::function<void(int32_t status)> done) = 0;
+  // Asynchronous transfers (Backend::ReadToHost / WriteFromHost). Offer: the source's bytes of
+  // `transfer` are ready, or could not be read; they go to the worker that pulls the
+  // transfer whenever its pull comes. Callable from any thread.
+  virtual void Offer(uint64_t transfer, uint64_t size, Result<std::shared_ptr<HostBuffer>> bytes) = 0;
+  // Expect: asks the worker at `peer` for `transfer` into `into` (the transfer's size); `done`
+  // runs once, on another thread, when every byte is there or the transfer failed.
+  virtual Status Expect(const std::string& peer, uint64_t transfer, std::shared_ptr<HostBuffer> into,
+                        std::function<void(const Status&)> done) = 0;
 };
 
 // Fault injection for tests and evaluation (tandemd --inject-*): flips one random bit of
@@ -70,6 +78,9 @@ class Session {
  public:
   // Deferred asynchronous errors kept at most between two replies (the rest are counted).
   static constexpr size_t kMaxDeferred = 256;
+  // Server-to-server copies up to this size go through host memory without holding the
+  // executor (Backend::ReadToHost / WriteFromHost); larger ones stream in chunks through it.
+  static constexpr uint64_t kAsyncPeerBytes = 64u << 20;
 
   // With defer_replies, replies that wait on the device come back in BatchOutcome::late
   // instead of blocking HandleBatch.
@@ -153,6 +164,10 @@ class Session {
   void CompleteImport(uint64_t event, int32_t status);
   // Destroys the stand-ins CompleteImport queued (on the executor: backend tables are its own).
   void DestroyFinishedImports();
+  // A command that finished off the executor failed (any thread): reported with the next
+  // reply, and its signal fails, once the executor takes it (TakeAsyncFailures).
+  void NoteAsyncFailure(ir::Opcode opcode, uint64_t signal, const Status& st);
+  void TakeAsyncFailures();
 
   Backend* backend_;
   PeerLink* peers_ = nullptr;
@@ -174,6 +189,13 @@ class Session {
   std::mutex imports_mu_;
   std::unordered_map<uint64_t, bool> imports_pending_;
   std::vector<uint64_t> imports_to_destroy_;
+  struct AsyncFailure {
+    ir::Opcode opcode;
+    uint64_t signal;
+    Status status;
+  };
+  std::mutex async_mu_;
+  std::vector<AsyncFailure> async_failures_;
 };
 
 }  // namespace tandem::server

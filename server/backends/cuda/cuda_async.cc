@@ -1,0 +1,188 @@
+// Work that finishes off the executor: reporting completions through a host callback on a
+// stream of the backend's own (cross-server event waits), and the asynchronous halves of
+// server-to-server copies (ReadToHost, WriteFromHost) through pinned host buffers, which the
+// copy engine reads or writes when the stream gets there, not when the copy is enqueued.
+#include <fmt/format.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "cuda_backend.h"
+#include "tandem/log.h"
+
+namespace tandem::server::cuda {
+
+// Pinned buffers are kept for reuse, by size class (powers of two from 64 KiB), and freed
+// only when the backend goes: a buffer's last owner may be a driver callback, which must not
+// call CUDA.
+struct CudaBackend::PinnedPool {
+  std::mutex mu;
+  std::multimap<size_t, uint8_t*> free;
+  std::vector<uint8_t*> all;
+};
+
+namespace {
+
+class PinnedBuffer final : public HostBuffer {
+ public:
+  PinnedBuffer(std::shared_ptr<CudaBackend::PinnedPool> pool, uint8_t* p, size_t capacity, size_t n)
+      : pool_(std::move(pool)), p_(p), capacity_(capacity), size_(n) {}
+  ~PinnedBuffer() override {
+    std::lock_guard<std::mutex> lock(pool_->mu);
+    pool_->free.emplace(capacity_, p_);
+  }
+  uint8_t* data() override { return p_; }
+  size_t size() const override { return size_; }
+
+ private:
+  std::shared_ptr<CudaBackend::PinnedPool> pool_;
+  uint8_t* p_;
+  size_t capacity_, size_;
+};
+
+size_t SizeClass(size_t n) {
+  size_t c = 64u << 10;
+  while (c < n) c <<= 1;
+  return c;
+}
+
+void CUDA_CB RunCallback(CUstream, CUresult status, void* data) {
+  std::unique_ptr<std::function<void(int32_t)>> fn(static_cast<std::function<void(int32_t)>*>(data));
+  (*fn)(status == CUDA_SUCCESS ? ir::kEventComplete : -static_cast<int32_t>(status));
+}
+
+}  // namespace
+
+Result<std::shared_ptr<HostBuffer>> CudaBackend::Pinned(uint32_t device, size_t n) {
+  if (!pinned_) pinned_ = std::make_shared<PinnedPool>();
+  const size_t capacity = SizeClass(n);
+  uint8_t* p = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(pinned_->mu);
+    if (auto it = pinned_->free.find(capacity); it != pinned_->free.end()) {
+      p = it->second;
+      pinned_->free.erase(it);
+    }
+  }
+  if (!p) {
+    void* mem = nullptr;
+    TANDEM_RETURN_IF_ERROR(
+        Check(device, drv_->cuMemHostAlloc(&mem, capacity, CU_MEMHOSTALLOC_PORTABLE), "cuMemHostAlloc (peer staging)"));
+    p = static_cast<uint8_t*>(mem);
+    std::lock_guard<std::mutex> lock(pinned_->mu);
+    pinned_->all.push_back(p);
+  }
+  return std::shared_ptr<HostBuffer>(std::make_shared<PinnedBuffer>(pinned_, p, capacity, n));
+}
+
+void CudaBackend::FreePinned() {
+  if (!pinned_) return;
+  std::lock_guard<std::mutex> lock(pinned_->mu);
+  if (pinned_->free.size() != pinned_->all.size()) {
+    log::Debug("{} peer staging buffers still in use at teardown: left to the process's exit",
+               pinned_->all.size() - pinned_->free.size());
+    return;
+  }
+  for (uint8_t* p : pinned_->all) Forget("cuMemFreeHost", 0, drv_->cuMemFreeHost(p));
+  pinned_->all.clear();
+  pinned_->free.clear();
+}
+
+// The device's notify stream waits for `event` (as cudaStreamWaitEvent would) or, with no
+// event, for the work `q` has so far; then fn runs on a driver thread with the status.
+Status CudaBackend::CallWhenDone(const Queue& q, std::optional<uint64_t> event, std::function<void(int32_t)> fn) {
+  Device& d = devices_[q.device];
+  if (!d.notify_stream)
+    TANDEM_RETURN_IF_ERROR(Check(q.device, drv_->cuStreamCreateWithPriority(&d.notify_stream, CU_STREAM_NON_BLOCKING, 0),
+                                 "cuStreamCreateWithPriority"));
+  const Queue notify{q.device, d.notify_stream};
+  if (event) {
+    TANDEM_RETURN_IF_ERROR(WaitEvents(notify, {*event}));
+  } else {
+    CUevent mark = nullptr;
+    TANDEM_RETURN_IF_ERROR(Check(q.device, drv_->cuEventCreate(&mark, CU_EVENT_DISABLE_TIMING), "cuEventCreate"));
+    Status st = Check(q.device, drv_->cuEventRecord(mark, q.stream), "cuEventRecord");
+    if (st.ok()) st = Check(q.device, drv_->cuStreamWaitEvent(notify.stream, mark, 0), "cuStreamWaitEvent");
+    Forget("cuEventDestroy", q.device, drv_->cuEventDestroy(mark));  // freed once it has completed
+    TANDEM_RETURN_IF_ERROR(st);
+  }
+  auto held = std::make_unique<std::function<void(int32_t)>>(std::move(fn));
+  TANDEM_RETURN_IF_ERROR(
+      Check(q.device, drv_->cuStreamAddCallback(notify.stream, RunCallback, held.get(), 0), "cuStreamAddCallback"));
+  held.release();  // RunCallback owns it now
+  return Status::Ok();
+}
+
+// Cross-server event waits: the exported event's completion, reported without blocking, and
+// also after a device error (cuStreamAddCallback runs then; cuLaunchHostFunc would not).
+Status CudaBackend::NotifyWhenDone(uint64_t event, std::function<void(int32_t status)> done) {
+  uint32_t device = 0;
+  if (auto it = events_.find(event); it != events_.end()) {
+    device = it->second.device;
+  } else {
+    std::lock_guard<std::mutex> lock(user_mu_);
+    auto u = user_events_.find(event);
+    if (u == user_events_.end()) return Status::Unknown(fmt::format("EventExport: unknown event {}", event));
+    device = u->second.device;
+  }
+  TANDEM_RETURN_IF_ERROR(Enter(device));
+  return CallWhenDone(Queue{device, nullptr}, event, std::move(done));
+}
+
+Result<CudaBackend::Queue> CudaBackend::PeerQueue(uint64_t stream, const Span& span, const ir::u64s& wait,
+                                                  const char* what) {
+  auto q = ResolveStream(stream, span.device);
+  if (!q.ok()) return q.status();
+  if (q->device != span.device)
+    return Status::Invalid(
+        fmt::format("{}: stream {} is on device {}, the memory on device {}", what, stream, q->device, span.device));
+  TANDEM_RETURN_IF_ERROR(WaitEvents(*q, wait));
+  return q;
+}
+
+Status CudaBackend::ReadToHost(uint64_t stream, uint64_t buffer, uint64_t offset, uint64_t size, const ir::u64s& wait,
+                               uint64_t signal, std::function<void(Result<std::shared_ptr<HostBuffer>>)> done) {
+  auto src = Resolve(buffer, offset, size, "PeerSend");
+  if (!src.ok()) return src.status();
+  auto q = PeerQueue(stream, *src, wait, "PeerSend");
+  if (!q.ok()) return q.status();
+  auto host = Pinned(q->device, size);
+  if (!host.ok()) return host.status();
+  TANDEM_RETURN_IF_ERROR(
+      Check(q->device, drv_->cuMemcpyDtoHAsync(host.value()->data(), src->address, size, q->stream), "cuMemcpyDtoHAsync"));
+  TANDEM_RETURN_IF_ERROR(Signal(*q, signal));
+  return CallWhenDone(*q, std::nullopt, [bytes = std::move(host).value(), done = std::move(done)](int32_t status) {
+    if (status != ir::kEventComplete)
+      done(Status(Code::kApiError, fmt::format("the copy of a server-to-server transfer's source failed ({})", -status),
+                  -status, Api::kCuda));
+    else
+      done(bytes);
+  });
+}
+
+Result<PendingWrite> CudaBackend::WriteFromHost(uint64_t stream, uint64_t buffer, uint64_t offset, uint64_t size,
+                                                const ir::u64s& wait, uint64_t signal) {
+  auto dst = Resolve(buffer, offset, size, "PeerRecv");
+  if (!dst.ok()) return dst.status();
+  auto q = PeerQueue(stream, *dst, wait, "PeerRecv");
+  if (!q.ok()) return q.status();
+  auto host = Pinned(q->device, size);
+  if (!host.ok()) return host.status();
+  auto word = NewUserFlag(q->device);
+  if (!word.ok()) return word.status();
+  TANDEM_RETURN_IF_ERROR(WaitUserFlag(*q, word.value()));
+  TANDEM_RETURN_IF_ERROR(
+      Check(q->device, drv_->cuMemcpyHtoDAsync(dst->address, host.value()->data(), size, q->stream), "cuMemcpyHtoDAsync"));
+  TANDEM_RETURN_IF_ERROR(Signal(*q, signal));
+  // The buffer stays until the copy has read it.
+  TANDEM_RETURN_IF_ERROR(CallWhenDone(*q, std::nullopt, [keep = host.value()](int32_t) {}));
+  PendingWrite pending;
+  pending.staging = std::move(host).value();
+  // A failed transfer lets the stream go on too (the session reports the failure): the copy
+  // that was enqueued cannot be taken back.
+  pending.release = [flag = word.value()](const Status&) { __atomic_store_n(flag, 1u, __ATOMIC_RELEASE); };
+  return pending;
+}
+
+}  // namespace tandem::server::cuda
