@@ -221,9 +221,7 @@ void RuntimeImpl::Init() {
   // gap between two warm-ups, so an idle link answers like a busy one (at the cost of CPU
   // while the program runs; keepalive stops after TANDEM_KEEPALIVE_HOLD_MS of inactivity).
   if (KeepaliveInterval() != Clock::duration::zero())
-    options.spin_us = std::max<int>(
-        options.spin_us,
-        static_cast<int>(std::chrono::duration_cast<std::chrono::microseconds>(KeepaliveInterval()).count() + 1000));
+    options.spin_us = std::max<int>(options.spin_us, static_cast<int>(KeepaliveSpinUs()));
   // A send that nothing takes is a lost server after the same deadline as a silent one.
   options.send_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(FailoverTimeout());
   auto ep = fabric::Endpoint::Open(options);
@@ -443,6 +441,13 @@ Status RuntimeImpl::Connect(const std::string& server, SessionImpl** out) {
   auto s = std::make_unique<SessionImpl>(ep_.get(), *worker, server, worker_addr, attach->backend,
                                          [this] { WakeFlusher(); }, hello->session_key);
   s->device_count_hint = attach->device_count;
+  // With keepalive the worker's threads look for work across the gap between warm-ups from the
+  // start, not only once the first warm-up has come (a Warm of no path only says so).
+  if (KeepaliveInterval() != Clock::duration::zero())
+    s->Post(ir::WarmReq{.device = 0, .what = 0, .spin_us = KeepaliveSpinUs(), .data = {}},
+            [](const Status& st, ir::WarmRep&&) {
+              if (!st.ok()) log::Debug("keepalive spin request: {}", st.message());
+            });
   if (ft_) s->set_lost_hook([ft = ft_.get()](SessionImpl* lost) { ft->OnSessionLost(lost); });
   if (out) *out = s.get();
   std::lock_guard<std::mutex> l(sessions_mu_);

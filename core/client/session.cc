@@ -60,6 +60,11 @@ Clock::duration KeepaliveInterval() {
   return t;
 }
 
+uint32_t KeepaliveSpinUs() {
+  return static_cast<uint32_t>(std::chrono::duration_cast<std::chrono::microseconds>(KeepaliveInterval()).count() +
+                               1000);
+}
+
 namespace {
 // Keepalive stops this long after the program's last command: a program idle for a second
 // is not waiting on latency, and the link may sleep (and the spinning threads with it).
@@ -520,9 +525,8 @@ Clock::duration SessionImpl::Keepalive(std::unique_lock<std::mutex>& lock, Clock
   const uint32_t paths = warm_paths_;
   const std::vector<uint64_t> devices = warm_devices_;
   lock.unlock();
-  const auto spin_us = static_cast<uint32_t>(std::chrono::duration_cast<std::chrono::microseconds>(every).count() + 1000);
   for (uint64_t device : devices) {
-    ir::WarmReq warm{.device = device, .what = paths, .spin_us = spin_us, .data = ir::bytes(8, 0x5a)};
+    ir::WarmReq warm{.device = device, .what = paths, .spin_us = KeepaliveSpinUs(), .data = ir::bytes(8, 0x5a)};
     std::vector<uint8_t> payload;
     ir::Writer w(&payload);
     ir::Put(w, warm);

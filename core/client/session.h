@@ -30,6 +30,9 @@ void DisableDirectCopies();
 // TANDEM_KEEPALIVE_MS (default 2 ms; 0: off): how long a used link may stay silent before
 // the client warms it.
 Clock::duration KeepaliveInterval();
+// How long, with keepalive on, fabric and worker threads look for the next message before
+// they sleep: across the whole gap between two warm-ups (microseconds).
+uint32_t KeepaliveSpinUs();
 // TANDEM_FAILOVER_TIMEOUT_MS (default 10 s): how long a server may stay silent while it is
 // asked something before it counts as lost.
 Clock::duration FailoverTimeout();

@@ -3,6 +3,7 @@
 // device scratch come from a tiny PTX module (JIT-compiled once per device).
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <cstring>
 
 #include "cuda_backend.h"
@@ -53,22 +54,30 @@ Status CudaBackend::OnWarm(const ir::WarmReq& req, ir::WarmRep* rep) {
     d.warm_host = static_cast<uint8_t*>(host);
   }
   const size_t n = req.data.size();
+  // TANDEM_WARM_MODE (experiment): 0 pinned copies on the warm stream; 1 pageable copies on
+  // the warm stream; 2 pageable copies and the kernel on the legacy default stream when it
+  // is idle (the path a plain cudaMemcpy takes).
+  static const int mode = [] {
+    const char* v = std::getenv("TANDEM_WARM_MODE");
+    return v ? std::atoi(v) : 0;
+  }();
+  CUstream stream = d.warm_stream;
+  if (mode == 2 && drv_->cuStreamQuery(nullptr) == CUDA_SUCCESS) stream = nullptr;
+  uint8_t pageable[ir::kWarmMaxBytes];
+  uint8_t* host = mode >= 1 ? pageable : d.warm_host;
   if ((req.what & ir::kWarmCopy) && n > 0) {
-    std::memcpy(d.warm_host, req.data.data(), n);
-    TANDEM_RETURN_IF_ERROR(
-        Check(device, drv_->cuMemcpyHtoDAsync(d.warm_scratch, d.warm_host, n, d.warm_stream), "cuMemcpyHtoDAsync"));
+    std::memcpy(host, req.data.data(), n);
+    TANDEM_RETURN_IF_ERROR(Check(device, drv_->cuMemcpyHtoDAsync(d.warm_scratch, host, n, stream), "cuMemcpyHtoDAsync"));
   }
   if (req.what & ir::kWarmKernel) {
-    TANDEM_RETURN_IF_ERROR(Check(device,
-                                 drv_->cuLaunchKernel(d.warm_kernel, 1, 1, 1, 1, 1, 1, 0, d.warm_stream, nullptr, nullptr),
+    TANDEM_RETURN_IF_ERROR(Check(device, drv_->cuLaunchKernel(d.warm_kernel, 1, 1, 1, 1, 1, 1, 0, stream, nullptr, nullptr),
                                  "cuLaunchKernel (keepalive)"));
   }
   if ((req.what & ir::kWarmCopy) && n > 0) {
-    TANDEM_RETURN_IF_ERROR(
-        Check(device, drv_->cuMemcpyDtoHAsync(d.warm_host, d.warm_scratch, n, d.warm_stream), "cuMemcpyDtoHAsync"));
+    TANDEM_RETURN_IF_ERROR(Check(device, drv_->cuMemcpyDtoHAsync(host, d.warm_scratch, n, stream), "cuMemcpyDtoHAsync"));
   }
-  TANDEM_RETURN_IF_ERROR(Check(device, drv_->cuStreamSynchronize(d.warm_stream), "cuStreamSynchronize"));
-  rep->data.assign(d.warm_host, d.warm_host + ((req.what & ir::kWarmCopy) ? n : 0));
+  TANDEM_RETURN_IF_ERROR(Check(device, drv_->cuStreamSynchronize(stream), "cuStreamSynchronize"));
+  rep->data.assign(host, host + ((req.what & ir::kWarmCopy) ? n : 0));
   return Status::Ok();
 }
 
