@@ -407,18 +407,29 @@ Status Session::Call(const ir::WarmReq& req, ir::WarmRep* rep) {
 Status Session::Call(const ir::PeerSendReq& req, ir::PeerSendRep*) {
   if (!peers_) return Status(Code::kUnimplemented, "PeerSend: this session has no server-to-server transport");
   if (req.size == 0) return Status::Invalid("PeerSend: empty transfer");
-  if (req.size <= kAsyncPeerBytes) {
+  if (req.size <= kAsyncPeerBytes && TakeAsyncBytes(req.size)) {
     // Read in stream order into host memory; the link sends it when it is there and pulled,
     // while this thread goes on with the next command.
     PeerLink* peers = peers_;
     const uint64_t transfer = req.transfer, size = req.size;
-    Status st = backend_->ReadToHost(
-        req.stream, req.buffer, req.offset, req.size, req.wait, req.signal,
-        [peers, transfer, size](Result<std::shared_ptr<HostBuffer>> bytes) { peers->Offer(transfer, size, std::move(bytes)); });
+    auto in_flight = async_bytes_;
+    Status st = backend_->ReadToHost(req.stream, req.buffer, req.offset, req.size, req.wait, req.signal,
+                                     [peers, transfer, size, in_flight](Result<std::shared_ptr<HostBuffer>> bytes) {
+                                       if (!bytes.ok()) {
+                                         in_flight->fetch_sub(size);
+                                         peers->Offer(transfer, size, std::move(bytes));
+                                         return;
+                                       }
+                                       peers->Offer(transfer, size, Counted(std::move(bytes).value(), in_flight));
+                                     });
     if (st.code() != Code::kUnimplemented) {
-      if (!st.ok()) peers->Offer(transfer, size, st);  // the puller fails too
+      if (!st.ok()) {
+        async_bytes_->fetch_sub(size);
+        peers->Offer(transfer, size, st);  // the puller fails too
+      }
       return st;
     }
+    async_bytes_->fetch_sub(size);
   }
   auto io = peers_->Source(req.transfer, req.size);
   if (!io.ok()) return io.status();
@@ -432,13 +443,15 @@ Status Session::Call(const ir::PeerSendReq& req, ir::PeerSendRep*) {
 Status Session::Call(const ir::PeerRecvReq& req, ir::PeerRecvRep*) {
   if (!peers_) return Status(Code::kUnimplemented, "PeerRecv: this session has no server-to-server transport");
   if (req.size == 0) return Status::Invalid("PeerRecv: empty transfer");
-  if (req.size <= kAsyncPeerBytes) {
+  if (req.size <= kAsyncPeerBytes && TakeAsyncBytes(req.size)) {
     // The write is enqueued now and held until the bytes are here; this thread goes on.
     auto pending = backend_->WriteFromHost(req.stream, req.buffer, req.offset, req.size, req.wait, req.signal);
+    if (!pending.ok()) async_bytes_->fetch_sub(req.size);
     if (pending.ok()) {
       auto release = pending->release;
       const uint64_t signal = req.signal;
-      Status st = peers_->Expect(req.peer, req.transfer, pending->staging, [this, release, signal](const Status& got) {
+      auto into = Counted(std::move(pending->staging), async_bytes_);
+      Status st = peers_->Expect(req.peer, req.transfer, std::move(into), [this, release, signal](const Status& got) {
         if (!got.ok()) NoteAsyncFailure(ir::Opcode::kPeerRecv, signal, got);  // before the write is let go
         release(got);
       });
@@ -514,6 +527,38 @@ void Session::DestroyFinishedImports() {
     Status st = backend_->OnEventDestroy(ir::EventDestroyReq{event}, &unused);
     if (!st.ok()) log::Warn("imported event {:#x}: {}", event, st.ToString());
   }
+}
+
+namespace {
+// A host buffer of an asynchronous transfer, counted in its session's budget while it lives.
+class CountedBuffer final : public HostBuffer {
+ public:
+  CountedBuffer(std::shared_ptr<HostBuffer> inner, std::shared_ptr<std::atomic<uint64_t>> in_flight)
+      : inner_(std::move(inner)), in_flight_(std::move(in_flight)) {}
+  ~CountedBuffer() override { in_flight_->fetch_sub(inner_->size()); }
+  uint8_t* data() override { return inner_->data(); }
+  size_t size() const override { return inner_->size(); }
+
+ private:
+  std::shared_ptr<HostBuffer> inner_;
+  std::shared_ptr<std::atomic<uint64_t>> in_flight_;
+};
+}  // namespace
+
+std::shared_ptr<HostBuffer> Session::Counted(std::shared_ptr<HostBuffer> buffer,
+                                             std::shared_ptr<std::atomic<uint64_t>> in_flight) {
+  return std::make_shared<CountedBuffer>(std::move(buffer), std::move(in_flight));
+}
+
+// Asynchronous transfers hold their bytes in host memory from when they are enqueued, and a
+// program may enqueue far ahead: past the budget, copies take the blocking path, which also
+// holds the program back.
+bool Session::TakeAsyncBytes(uint64_t size) {
+  uint64_t now = async_bytes_->load();
+  do {
+    if (now + size > kAsyncPeerBudget) return false;
+  } while (!async_bytes_->compare_exchange_weak(now, now + size));
+  return true;
 }
 
 void Session::NoteAsyncFailure(ir::Opcode opcode, uint64_t signal, const Status& st) {

@@ -148,12 +148,10 @@ void CudaBackend::ReleaseDevice(uint32_t device, bool keep_reservations) {
   d.flags = {};
   if (d.warm_stream) Forget("cuStreamDestroy", device, drv_->cuStreamDestroy(d.warm_stream));
   if (d.warm_module) Forget("cuModuleUnload", device, drv_->cuModuleUnload(d.warm_module));
-  if (d.warm_host) Forget("cuMemFreeHost", device, drv_->cuMemFreeHost(d.warm_host));
   d.warm_stream = nullptr;
   d.warm_module = nullptr;
   d.warm_kernel = nullptr;
   d.warm_scratch = 0;
-  d.warm_host = nullptr;
   // Callbacks still queued on it run (with the reset's status) as the stream goes.
   if (d.notify_stream) Forget("cuStreamDestroy", device, drv_->cuStreamDestroy(d.notify_stream));
   d.notify_stream = nullptr;

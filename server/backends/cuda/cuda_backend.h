@@ -101,7 +101,6 @@ class CudaBackend final : public Backend {
     CUmodule warm_module = nullptr;
     CUfunction warm_kernel = nullptr;
     CUdeviceptr warm_scratch = 0;
-    uint8_t* warm_host = nullptr;  // pinned
     // Cross-server event waits (NotifyWhenDone): a stream of its own waits on each exported
     // event and then runs a host callback, created on first use.
     CUstream notify_stream = nullptr;

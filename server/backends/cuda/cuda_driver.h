@@ -37,7 +37,7 @@ namespace tandem::server::cuda {
   R(cuModuleGetGlobal, 3020) R(cuFuncGetAttribute, 2020) R(cuFuncSetAttribute, 9000)                       \
   R(cuOccupancyMaxActiveBlocksPerMultiprocessor, 6050)                                                     \
   R(cuLaunchKernel, 4000) R(cuLaunchCooperativeKernel, 9000) R(cuLaunchHostFunc, 10000) R(cuStreamAddCallback, 5000)                    \
-  R(cuStreamCreateWithPriority, 5050) R(cuStreamDestroy, 4000) R(cuStreamSynchronize, 2000) R(cuStreamQuery, 2000)                \
+  R(cuStreamCreateWithPriority, 5050) R(cuStreamDestroy, 4000) R(cuStreamSynchronize, 2000)                \
   R(cuStreamWaitEvent, 3020) R(cuEventCreate, 2000) R(cuEventDestroy, 4000) R(cuEventRecord, 2000)         \
   R(cuEventQuery, 2000) R(cuEventSynchronize, 2000) R(cuEventElapsedTime, 12080)                           \
   O(cuFuncGetParamInfo, 12040) O(cuStreamWaitValue32, 11070)

@@ -3,7 +3,6 @@
 // device scratch come from a tiny PTX module (JIT-compiled once per device).
 #include <fmt/format.h>
 
-#include <cstdlib>
 #include <cstring>
 
 #include "cuda_backend.h"
@@ -38,10 +37,8 @@ Status CudaBackend::OnWarm(const ir::WarmReq& req, ir::WarmRep* rep) {
     CUfunction kernel = nullptr;
     CUdeviceptr scratch = 0;
     size_t size = 0;
-    void* host = nullptr;
     if (st.ok()) st = Check(device, drv_->cuModuleGetFunction(&kernel, module, "tandem_warm_empty"), "cuModuleGetFunction");
     if (st.ok()) st = Check(device, drv_->cuModuleGetGlobal(&scratch, &size, module, "tandem_warm_scratch"), "cuModuleGetGlobal");
-    if (st.ok()) st = Check(device, drv_->cuMemHostAlloc(&host, ir::kWarmMaxBytes, 0), "cuMemHostAlloc");
     if (!st.ok()) {
       if (module) Forget("cuModuleUnload", device, drv_->cuModuleUnload(module));
       Forget("cuStreamDestroy", device, drv_->cuStreamDestroy(stream));
@@ -51,20 +48,12 @@ Status CudaBackend::OnWarm(const ir::WarmReq& req, ir::WarmRep* rep) {
     d.warm_module = module;
     d.warm_kernel = kernel;
     d.warm_scratch = scratch;
-    d.warm_host = static_cast<uint8_t*>(host);
   }
   const size_t n = req.data.size();
-  // TANDEM_WARM_MODE (experiment): 0 pinned copies on the warm stream; 1 pageable copies on
-  // the warm stream; 2 pageable copies and the kernel on the legacy default stream when it
-  // is idle (the path a plain cudaMemcpy takes).
-  static const int mode = [] {
-    const char* v = std::getenv("TANDEM_WARM_MODE");
-    return v ? std::atoi(v) : 0;
-  }();
-  CUstream stream = d.warm_stream;
-  if (mode == 2 && drv_->cuStreamQuery(nullptr) == CUDA_SUCCESS) stream = nullptr;
-  uint8_t pageable[ir::kWarmMaxBytes];
-  uint8_t* host = mode >= 1 ? pageable : d.warm_host;
+  // Copies go through pageable memory, as the program's reads do here (an inline read lands in
+  // the reply's bytes): pinned warm-ups kept that path no warmer (H100, 2026-11-24).
+  const CUstream stream = d.warm_stream;
+  uint8_t host[ir::kWarmMaxBytes];
   if ((req.what & ir::kWarmCopy) && n > 0) {
     std::memcpy(host, req.data.data(), n);
     TANDEM_RETURN_IF_ERROR(Check(device, drv_->cuMemcpyHtoDAsync(d.warm_scratch, host, n, stream), "cuMemcpyHtoDAsync"));

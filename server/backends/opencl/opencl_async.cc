@@ -45,48 +45,72 @@ EventWatcher& EventWatcher::Get() {
   return *w;
 }
 
+namespace {
+void CL_CALLBACK WatchCallback(cl_event, cl_int status, void* data) {
+  std::unique_ptr<std::shared_ptr<EventWatcher::Pending>> p(static_cast<std::shared_ptr<EventWatcher::Pending>*>(data));
+  EventWatcher::Get().Fire(*p, status);
+}
+}  // namespace
+
 void EventWatcher::Watch(cl_event event, std::function<void(cl_int status)> fn) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!started_) {
-    std::thread([this] { PollLoop(); }).detach();
-    std::thread([this] { RunLoop(); }).detach();
-    started_ = true;
+  auto p = std::make_shared<Pending>();
+  p->event = event;
+  p->fn = std::move(fn);
+  p->since = Clock::now();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!started_) {
+      std::thread([this] { PollLoop(); }).detach();
+      std::thread([this] { RunLoop(); }).detach();
+      started_ = true;
+    }
+    watches_.push_back(p);
   }
-  watches_.push_back(Pending{event, std::move(fn), Clock::now()});
   cv_.notify_all();
+  // The poller alone would do, but callbacks are prompt whatever the event's age.
+  auto data = std::make_unique<std::shared_ptr<Pending>>(p);
+  if (clSetEventCallback(event, CL_COMPLETE, WatchCallback, data.get()) == CL_SUCCESS) data.release();
+}
+
+void EventWatcher::Fire(const std::shared_ptr<Pending>& p, cl_int status) {
+  if (p->fired.exchange(true)) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ready_.push_back(Ready{std::move(p->fn), status, p->event});
+  }
+  run_cv_.notify_one();
 }
 
 // Polls every pending event: continuously while one of them is younger than kEager (a
-// transfer or a dependency due any moment), then once a millisecond. Polling rather than
-// clSetEventCallback: PoCL never calls back for an event failed by its wait list, and
-// NVIDIA's callbacks came 20-40 us after a poll saw the event (H100, driver 580).
+// transfer or a dependency due any moment), then once a millisecond, beside the callbacks:
+// PoCL never calls back for an event failed by its wait list, and NVIDIA's callbacks came
+// 20-40 us after a poll saw the event (H100, driver 580). A callback's data is leaked when
+// the implementation never calls it (a failed event on PoCL): a few bytes.
 void EventWatcher::PollLoop() {
   constexpr auto kEager = std::chrono::milliseconds(2);
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     cv_.wait(lock, [this] { return !watches_.empty(); });
+    std::vector<std::shared_ptr<Pending>> due;
     bool eager = false;
     const auto now = Clock::now();
-    for (auto it = watches_.begin(); it != watches_.end();) {
+    std::erase_if(watches_, [&](const std::shared_ptr<Pending>& p) {
+      if (p->fired) return true;
       cl_int st = CL_QUEUED;
-      cl_int err = clGetEventInfo(it->event, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof st, &st, nullptr);
+      cl_int err = clGetEventInfo(p->event, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof st, &st, nullptr);
       if (err != CL_SUCCESS) st = err;  // an event that cannot be asked about has failed
       if (st <= CL_COMPLETE) {
-        ready_.push_back(Ready{std::move(it->fn), st, it->event});
-        it = watches_.erase(it);
-        continue;
+        due.emplace_back(p)->fired_status = st;
+        return true;
       }
-      eager |= now - it->since < kEager;
-      ++it;
-    }
-    if (!ready_.empty()) run_cv_.notify_one();
-    if (eager) {
-      lock.unlock();
-      std::this_thread::yield();
-      lock.lock();
-    } else {
-      cv_.wait_for(lock, std::chrono::milliseconds(1));
-    }
+      eager |= now - p->since < kEager;
+      return false;
+    });
+    lock.unlock();
+    for (const auto& p : due) Fire(p, p->fired_status);
+    if (eager) std::this_thread::yield();
+    lock.lock();
+    if (!eager) cv_.wait_for(lock, std::chrono::milliseconds(1));
   }
 }
 

@@ -12,6 +12,7 @@
 #include <CL/cl.h>
 #include <CL/cl_ext.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -129,12 +130,17 @@ class EventWatcher {
   // Takes over one reference to `event`.
   void Watch(cl_event event, std::function<void(cl_int status)> fn);
 
- private:
   struct Pending {
-    cl_event event;
+    cl_event event = nullptr;
     std::function<void(cl_int)> fn;
     std::chrono::steady_clock::time_point since;
+    std::atomic<bool> fired{false};
+    cl_int fired_status = 0;  // the poller's finding
   };
+  // Hands a pending watch to the runner thread, once (from the callback or the poller).
+  void Fire(const std::shared_ptr<Pending>& p, cl_int status);
+
+ private:
   struct Ready {
     std::function<void(cl_int)> fn;
     cl_int status = 0;
@@ -144,7 +150,7 @@ class EventWatcher {
   void RunLoop();
   std::mutex mu_;
   std::condition_variable cv_, run_cv_;
-  std::vector<Pending> watches_;
+  std::vector<std::shared_ptr<Pending>> watches_;
   std::deque<Ready> ready_;
   bool started_ = false;
 };

@@ -81,6 +81,8 @@ class Session {
   // Server-to-server copies up to this size go through host memory without holding the
   // executor (Backend::ReadToHost / WriteFromHost); larger ones stream in chunks through it.
   static constexpr uint64_t kAsyncPeerBytes = 64u << 20;
+  // Host bytes that asynchronous copies may hold at once (see TakeAsyncBytes).
+  static constexpr uint64_t kAsyncPeerBudget = 1ull << 30;
 
   // With defer_replies, replies that wait on the device come back in BatchOutcome::late
   // instead of blocking HandleBatch.
@@ -168,6 +170,11 @@ class Session {
   // reply, and its signal fails, once the executor takes it (TakeAsyncFailures).
   void NoteAsyncFailure(ir::Opcode opcode, uint64_t signal, const Status& st);
   void TakeAsyncFailures();
+  // Room for `size` more bytes of asynchronous copies (false: over the budget).
+  bool TakeAsyncBytes(uint64_t size);
+  // `buffer`, giving its bytes back to `in_flight` when it goes.
+  static std::shared_ptr<HostBuffer> Counted(std::shared_ptr<HostBuffer> buffer,
+                                             std::shared_ptr<std::atomic<uint64_t>> in_flight);
 
   Backend* backend_;
   PeerLink* peers_ = nullptr;
@@ -196,6 +203,7 @@ class Session {
   };
   std::mutex async_mu_;
   std::vector<AsyncFailure> async_failures_;
+  std::shared_ptr<std::atomic<uint64_t>> async_bytes_ = std::make_shared<std::atomic<uint64_t>>(0);
 };
 
 }  // namespace tandem::server
