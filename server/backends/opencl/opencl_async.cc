@@ -57,6 +57,10 @@ void EventWatcher::Watch(cl_event event, std::function<void(cl_int status)> fn) 
   p->event = event;
   p->fn = std::move(fn);
   p->since = Clock::now();
+  // The poller alone would do, but callbacks are prompt whatever the event's age. (It may run
+  // at once; the poller then skips the fired watch.)
+  auto data = std::make_unique<std::shared_ptr<Pending>>(p);
+  if (clSetEventCallback(event, CL_COMPLETE, WatchCallback, data.get()) == CL_SUCCESS) data.release();
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!started_) {
@@ -64,19 +68,16 @@ void EventWatcher::Watch(cl_event event, std::function<void(cl_int status)> fn) 
       std::thread([this] { RunLoop(); }).detach();
       started_ = true;
     }
-    watches_.push_back(p);
+    watches_.push_back(std::move(p));
   }
   cv_.notify_all();
-  // The poller alone would do, but callbacks are prompt whatever the event's age.
-  auto data = std::make_unique<std::shared_ptr<Pending>>(p);
-  if (clSetEventCallback(event, CL_COMPLETE, WatchCallback, data.get()) == CL_SUCCESS) data.release();
 }
 
 void EventWatcher::Fire(const std::shared_ptr<Pending>& p, cl_int status) {
   if (p->fired.exchange(true)) return;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    ready_.push_back(Ready{std::move(p->fn), status, p->event});
+    ready_.push_back(Ready{std::move(p->fn), status, p});
   }
   run_cv_.notify_one();
 }
@@ -126,7 +127,6 @@ void EventWatcher::RunLoop() {
       ready_.pop_front();
     }
     r.fn(r.status);
-    clReleaseEvent(r.event);
   }
 }
 

@@ -130,7 +130,12 @@ class EventWatcher {
   // Takes over one reference to `event`.
   void Watch(cl_event event, std::function<void(cl_int status)> fn);
 
+  // One watched event. It holds the reference Watch took over, so whoever still looks at the
+  // event (the poller, a late callback) finds it alive.
   struct Pending {
+    ~Pending() {
+      if (event) clReleaseEvent(event);
+    }
     cl_event event = nullptr;
     std::function<void(cl_int)> fn;
     std::chrono::steady_clock::time_point since;
@@ -144,7 +149,7 @@ class EventWatcher {
   struct Ready {
     std::function<void(cl_int)> fn;
     cl_int status = 0;
-    cl_event event = nullptr;
+    std::shared_ptr<Pending> pending;  // keeps the event until fn has run
   };
   void PollLoop();
   void RunLoop();
