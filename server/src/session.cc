@@ -7,6 +7,8 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <map>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -64,9 +66,40 @@ int32_t FailedEventStatus(const Status& st) {
 
 }  // namespace
 
+class Session::Profile {
+ public:
+  using Clock = std::chrono::steady_clock;
+  void Add(const std::string& what, Clock::duration d) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Entry& e = entries_[what];
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
+    ++e.count;
+    e.total_ns += ns;
+    e.max_ns = std::max<int64_t>(e.max_ns, ns);
+  }
+  void Log() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<std::pair<std::string, Entry>> rows(entries_.begin(), entries_.end());
+    std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.total_ns > b.second.total_ns; });
+    for (const auto& [what, e] : rows)
+      log::Info("profile: {:<28} {:>8} x  total {:>10.3f} ms  mean {:>9.1f} us  max {:>9.1f} us", what, e.count,
+                e.total_ns / 1e6, e.total_ns / 1e3 / e.count, e.max_ns / 1e3);
+  }
+
+ private:
+  struct Entry {
+    uint64_t count = 0;
+    int64_t total_ns = 0, max_ns = 0;
+  };
+  std::mutex mu_;
+  std::map<std::string, Entry> entries_;
+};
+
 Session::Session(Backend* backend, uint64_t session_key, bool defer_replies)
     : backend_(backend), session_key_(session_key) {
   backend_->AllowDeferredReplies(defer_replies);
+  if (const char* v = std::getenv("TANDEM_SERVER_PROFILE"); v && std::string(v) == "1")
+    profile_ = std::make_shared<Profile>();
 }
 
 BatchOutcome Session::HandleBatch(std::span<const uint8_t> msg) {
@@ -207,7 +240,9 @@ void Session::Run(const ir::Record& rec, ir::BatchWriter& out) {
   // A malformed record is always answered: its flags cannot be trusted to say otherwise.
   if (!st.ok()) return ReplyError(rec, st, out);
   auto rep = std::make_shared<typename Req::Reply>();
+  const auto started = std::chrono::steady_clock::now();
   st = Execute(req, rep.get());
+  if (profile_) profile_->Add(std::string(Req::kName), std::chrono::steady_clock::now() - started);
   commands_run_.fetch_add(1, std::memory_order_relaxed);
   // A protocol error (a command sent the wrong way) is answered at once, like a malformed one.
   const bool want_reply = (Req::kFlags & ir::kNeedsReply) || (rec.header.flags & ir::kRecordWantReply) ||
@@ -414,7 +449,9 @@ Status Session::Call(const ir::PeerSendReq& req, ir::PeerSendRep*) {
     const uint64_t transfer = req.transfer, size = req.size;
     auto in_flight = async_bytes_;
     Status st = backend_->ReadToHost(req.stream, req.buffer, req.offset, req.size, req.wait, req.signal,
-                                     [peers, transfer, size, in_flight](Result<std::shared_ptr<HostBuffer>> bytes) {
+                                     [peers, transfer, size, in_flight, profile = profile_,
+                                      since = std::chrono::steady_clock::now()](Result<std::shared_ptr<HostBuffer>> bytes) {
+                                       if (profile) profile->Add("~PeerSend bytes read", std::chrono::steady_clock::now() - since);
                                        if (!bytes.ok()) {
                                          in_flight->fetch_sub(size);
                                          peers->Offer(transfer, size, std::move(bytes));
@@ -451,7 +488,9 @@ Status Session::Call(const ir::PeerRecvReq& req, ir::PeerRecvRep*) {
       auto release = pending->release;
       const uint64_t signal = req.signal;
       auto into = Counted(std::move(pending->staging), async_bytes_);
-      Status st = peers_->Expect(req.peer, req.transfer, std::move(into), [this, release, signal](const Status& got) {
+      Status st = peers_->Expect(req.peer, req.transfer, std::move(into),
+                                 [this, release, signal, since = std::chrono::steady_clock::now()](const Status& got) {
+        if (profile_) profile_->Add("~PeerRecv bytes came", std::chrono::steady_clock::now() - since);
         if (!got.ok()) NoteAsyncFailure(ir::Opcode::kPeerRecv, signal, got);  // before the write is let go
         release(got);
       });
@@ -480,7 +519,11 @@ Status Session::Call(const ir::EventExportReq& req, ir::EventExportRep*) {
     peers->ExportDone(token, f->second.event_status);
     return Status::Ok();
   }
-  Status st = backend_->NotifyWhenDone(req.event, [peers, token](int32_t status) { peers->ExportDone(token, status); });
+  Status st = backend_->NotifyWhenDone(
+      req.event, [peers, token, profile = profile_, since = std::chrono::steady_clock::now()](int32_t status) {
+        if (profile) profile->Add("~EventExport done", std::chrono::steady_clock::now() - since);
+        peers->ExportDone(token, status);
+      });
   // The importer must not wait for ever on an event this side cannot watch.
   if (!st.ok()) peers->ExportDone(token, FailedEventStatus(st));
   return st;
@@ -499,7 +542,10 @@ Status Session::Call(const ir::EventImportReq& req, ir::EventImportRep*) {
     imports_pending_[req.event] = false;
   }
   const uint64_t event = req.event;
-  Status st = peers_->Import(req.peer, req.token, [this, event](int32_t status) { CompleteImport(event, status); });
+  Status st = peers_->Import(req.peer, req.token, [this, event, since = std::chrono::steady_clock::now()](int32_t status) {
+    if (profile_) profile_->Add("~EventImport answered", std::chrono::steady_clock::now() - since);
+    CompleteImport(event, status);
+  });
   if (!st.ok()) CompleteImport(event, FailedEventStatus(st));  // what waits on it fails instead of hanging
   return st;
 }
@@ -602,6 +648,7 @@ Status Session::Execute(const ir::PingReq& req, ir::PingRep* rep) {
 
 Status Session::Execute(const ir::GoodbyeReq&, ir::GoodbyeRep*) {
   goodbye_ = true;
+  if (profile_) profile_->Log();
   return Status::Ok();
 }
 

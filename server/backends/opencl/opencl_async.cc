@@ -1,8 +1,7 @@
 // Work that finishes off the executor: the event watcher (a thread that sees OpenCL events
 // complete and runs what waits for them) and the asynchronous halves of server-to-server
-// copies (ReadToHost, WriteFromHost), which pass through a device buffer of their own so the
-// program's queue never waits on the network and host memory is only touched by blocking
-// calls (an implementation may read a non-blocking write's host memory at any time).
+// copies (ReadToHost, WriteFromHost), whose host side runs on the watcher's thread while a
+// gate holds the program's queue (see OpenGate).
 #include <fmt/format.h>
 
 #include <atomic>
@@ -141,11 +140,14 @@ Result<cl_command_queue> OpenCLBackend::TransferQueue(uint32_t device) {
   return d.transfer_queue.get();
 }
 
-// In stream order, the range is copied into a device buffer of the transfer's own; once that
-// copy is done, the watcher's thread reads it into host memory on the transfer queue.
-Status OpenCLBackend::ReadToHost(uint64_t stream, uint64_t buffer, uint64_t offset, uint64_t size,
-                                 const ir::u64s& wait, uint64_t signal,
-                                 std::function<void(Result<std::shared_ptr<HostBuffer>>)> done) {
+// The stream's position as a marker (after its earlier work and `wait`) and, right after it,
+// a gate that holds the rest of the stream until the host side of the transfer is done; the
+// command's signal completes with the gate. The host side runs on the watcher's thread once
+// the marker completes, with blocking calls on the transfer queue: no device memory of its
+// own, nothing blocking on the executor or the worker's receive thread, and an
+// implementation that reads a non-blocking write's host memory early cannot see it unfilled.
+Result<OpenCLBackend::Gate> OpenCLBackend::OpenGate(uint64_t stream, uint64_t buffer, uint64_t offset, uint64_t size,
+                                                    const ir::u64s& wait, uint64_t signal) {
   auto b = Find(buffers_, buffer, "buffer");
   if (!b.ok()) return b.status();
   TANDEM_RETURN_IF_ERROR(CheckRange(*b.value(), buffer, offset, size));
@@ -154,28 +156,49 @@ Status OpenCLBackend::ReadToHost(uint64_t stream, uint64_t buffer, uint64_t offs
   if (!tq.ok()) return tq.status();
   Enqueue e;
   TANDEM_RETURN_IF_ERROR(Prepare(stream, device, wait, signal, &e));
+  Gate g;
   cl_int err = CL_SUCCESS;
-  auto tmp = std::make_shared<MemRef>(clCreateBuffer(devices_[device].context.get(), CL_MEM_READ_WRITE, size, nullptr, &err));
-  if (err != CL_SUCCESS) return ClError(err, "clCreateBuffer", "server-to-server staging");
-  err = clEnqueueCopyBuffer(e.queue, b.value()->mem.get(), tmp->get(), offset, 0, size, e.num_wait(), e.wait_list(),
-                            e.event_out(true));
-  if (err != CL_SUCCESS) return ClError(err, "clEnqueueCopyBuffer", "into server-to-server staging");
-  cl_event copied = e.done;
-  clRetainEvent(copied);
+  g.gate = std::make_shared<EventRef>(clCreateUserEvent(devices_[device].context.get(), &err));
+  if (err != CL_SUCCESS) return ClError(err, "clCreateUserEvent", "server-to-server gate");
+  cl_event mark = nullptr;
+  err = clEnqueueMarkerWithWaitList(e.queue, e.num_wait(), e.wait_list(), &mark);
+  if (err != CL_SUCCESS) return ClError(err, "clEnqueueMarkerWithWaitList");
+  g.mark = std::make_shared<EventRef>(mark);
+  cl_event gate = g.gate->get();
+  err = clEnqueueMarkerWithWaitList(e.queue, 1, &gate, e.event_out());
+  if (err != CL_SUCCESS) {
+    clSetUserEventStatus(gate, CL_INVALID_OPERATION);
+    return ClError(err, "clEnqueueMarkerWithWaitList", "server-to-server gate");
+  }
   Complete(e);
   clFlush(e.queue);
   cl_command_queue q = tq.value();
   clRetainCommandQueue(q);
-  EventWatcher::Get().Watch(copied, [tmp, q, size, done = std::move(done)](cl_int status) {
-    QueueRef held(q);
+  g.queue = std::make_shared<QueueRef>(q);
+  clRetainMemObject(b.value()->mem.get());
+  g.mem = std::make_shared<MemRef>(b.value()->mem.get());
+  return g;
+}
+
+Status OpenCLBackend::ReadToHost(uint64_t stream, uint64_t buffer, uint64_t offset, uint64_t size,
+                                 const ir::u64s& wait, uint64_t signal,
+                                 std::function<void(Result<std::shared_ptr<HostBuffer>>)> done) {
+  auto g = OpenGate(stream, buffer, offset, size, wait, signal);
+  if (!g.ok()) return g.status();
+  cl_event mark = g->mark->get();
+  clRetainEvent(mark);
+  EventWatcher::Get().Watch(mark, [g = std::move(g).value(), offset, size, done = std::move(done)](cl_int status) {
     if (status < 0) {
-      done(ClError(status, "the copy of a server-to-server transfer's source"));
+      clSetUserEventStatus(g.gate->get(), status);
+      done(ClError(status, "the work before a server-to-server transfer's source"));
       return;
     }
     auto host = std::make_shared<PlainHostBuffer>(size);
-    cl_int err = clEnqueueReadBuffer(q, tmp->get(), CL_TRUE, 0, size, host->data(), 0, nullptr, nullptr);
+    cl_int err = clEnqueueReadBuffer(g.queue->get(), g.mem->get(), CL_TRUE, offset, size, host->data(), 0, nullptr,
+                                     nullptr);
+    clSetUserEventStatus(g.gate->get(), err == CL_SUCCESS ? CL_COMPLETE : err);
     if (err != CL_SUCCESS) {
-      done(ClError(err, "clEnqueueReadBuffer", "server-to-server staging"));
+      done(ClError(err, "clEnqueueReadBuffer", "server-to-server source"));
       return;
     }
     done(std::shared_ptr<HostBuffer>(std::move(host)));
@@ -183,50 +206,29 @@ Status OpenCLBackend::ReadToHost(uint64_t stream, uint64_t buffer, uint64_t offs
   return Status::Ok();
 }
 
-// The stream copies the range in from a device buffer of the transfer's own, held by a user
-// event; release writes the bytes into that buffer (blocking, on the transfer queue) and then
-// sets the event, or fails it.
 Result<PendingWrite> OpenCLBackend::WriteFromHost(uint64_t stream, uint64_t buffer, uint64_t offset, uint64_t size,
                                                    const ir::u64s& wait, uint64_t signal) {
-  auto b = Find(buffers_, buffer, "buffer");
-  if (!b.ok()) return b.status();
-  TANDEM_RETURN_IF_ERROR(CheckRange(*b.value(), buffer, offset, size));
-  const uint32_t device = b.value()->device;
-  auto tq = TransferQueue(device);
-  if (!tq.ok()) return tq.status();
-  Enqueue e;
-  TANDEM_RETURN_IF_ERROR(Prepare(stream, device, wait, signal, &e));
-  cl_int err = CL_SUCCESS;
-  cl_context context = devices_[device].context.get();
-  auto tmp = std::make_shared<MemRef>(clCreateBuffer(context, CL_MEM_READ_WRITE, size, nullptr, &err));
-  if (err != CL_SUCCESS) return ClError(err, "clCreateBuffer", "server-to-server staging");
-  auto gate = std::make_shared<EventRef>(clCreateUserEvent(context, &err));
-  if (err != CL_SUCCESS) return ClError(err, "clCreateUserEvent", "server-to-server gate");
-  e.wait.push_back(gate->get());
-  err = clEnqueueCopyBuffer(e.queue, tmp->get(), b.value()->mem.get(), 0, offset, size, e.num_wait(), e.wait_list(),
-                            e.signal ? e.event_out() : nullptr);
-  if (err != CL_SUCCESS) {
-    clSetUserEventStatus(gate->get(), CL_INVALID_OPERATION);
-    return ClError(err, "clEnqueueCopyBuffer", "from server-to-server staging");
-  }
-  Complete(e);
-  clFlush(e.queue);
-  cl_command_queue q = tq.value();
-  clRetainCommandQueue(q);
-  auto queue = std::make_shared<QueueRef>(q);
+  auto g = OpenGate(stream, buffer, offset, size, wait, signal);
+  if (!g.ok()) return g.status();
   auto host = std::make_shared<PlainHostBuffer>(size);
   PendingWrite pending;
   pending.staging = host;
-  pending.release = [tmp, gate, queue, host, size](const Status& got) {
-    cl_int status = CL_COMPLETE;
+  // Runs where the bytes arrived: the write itself waits for the stream's position, on the
+  // watcher's thread.
+  pending.release = [g = std::move(g).value(), host, offset, size](const Status& got) {
     if (!got.ok()) {
-      status = FailedStatus(got);
-    } else if (cl_int err = clEnqueueWriteBuffer(queue->get(), tmp->get(), CL_TRUE, 0, size, host->data(), 0, nullptr,
-                                                 nullptr);
-               err != CL_SUCCESS) {
-      status = err;
+      clSetUserEventStatus(g.gate->get(), FailedStatus(got));
+      return;
     }
-    clSetUserEventStatus(gate->get(), status);
+    cl_event mark = g.mark->get();
+    clRetainEvent(mark);
+    EventWatcher::Get().Watch(mark, [g, host, offset, size](cl_int status) {
+      cl_int err = status;
+      if (status >= 0)
+        err = clEnqueueWriteBuffer(g.queue->get(), g.mem->get(), CL_TRUE, offset, size, host->data(), 0, nullptr,
+                                   nullptr);
+      clSetUserEventStatus(g.gate->get(), err == CL_SUCCESS ? CL_COMPLETE : err);
+    });
   };
   return pending;
 }

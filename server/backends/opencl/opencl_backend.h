@@ -218,6 +218,15 @@ class OpenCLBackend : public Backend {
   // ---- enqueues (opencl_backend.cc) ----
   Result<cl_command_queue> DefaultQueue(uint32_t device);
   Result<cl_command_queue> TransferQueue(uint32_t device);
+  // An asynchronous transfer's hold on its stream (opencl_async.cc).
+  struct Gate {
+    std::shared_ptr<EventRef> mark;  // the stream's position
+    std::shared_ptr<EventRef> gate;  // holds the stream until the host side is done
+    std::shared_ptr<QueueRef> queue;  // the device's transfer queue
+    std::shared_ptr<MemRef> mem;      // the buffer
+  };
+  Result<Gate> OpenGate(uint64_t stream, uint64_t buffer, uint64_t offset, uint64_t size, const ir::u64s& wait,
+                        uint64_t signal);
   // Resolves stream (0: the device's default queue), wait list and signal for `device`.
   Status Prepare(uint64_t stream, uint32_t device, const ir::u64s& wait, uint64_t signal, Enqueue* e);
   // Binds the command's event to its signal handle (or releases it when there is none).

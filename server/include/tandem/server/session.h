@@ -204,6 +204,14 @@ class Session {
   std::mutex async_mu_;
   std::vector<AsyncFailure> async_failures_;
   std::shared_ptr<std::atomic<uint64_t>> async_bytes_ = std::make_shared<std::atomic<uint64_t>>(0);
+
+  // TANDEM_SERVER_PROFILE=1: time spent on the executor per command, and the latencies of work
+  // that finishes off it, logged when the session says goodbye.
+ public:
+  class Profile;
+
+ private:
+  std::shared_ptr<Profile> profile_;
 };
 
 }  // namespace tandem::server
