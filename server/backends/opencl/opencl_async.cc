@@ -1,7 +1,8 @@
 // Work that finishes off the executor: the event watcher (a thread that sees OpenCL events
 // complete and runs what waits for them) and the asynchronous halves of server-to-server
-// copies (ReadToHost, WriteFromHost), whose host side runs on the watcher's thread while a
-// gate holds the program's queue (see OpenGate).
+// copies (ReadToHost, WriteFromHost), which pass through a device buffer of their own, copied
+// in stream order, with the host side done by blocking calls on the watcher's thread (an
+// implementation may read a non-blocking write's host memory at any time).
 #include <fmt/format.h>
 
 #include <atomic>
@@ -60,16 +61,28 @@ void EventWatcher::Watch(cl_event event, std::function<void(cl_int status)> fn) 
   // at once; the poller then skips the fired watch.)
   auto data = std::make_unique<std::shared_ptr<Pending>>(p);
   if (clSetEventCallback(event, CL_COMPLETE, WatchCallback, data.get()) == CL_SUCCESS) data.release();
+  Start();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!started_) {
-      std::thread([this] { PollLoop(); }).detach();
-      std::thread([this] { RunLoop(); }).detach();
-      started_ = true;
-    }
     watches_.push_back(std::move(p));
   }
   cv_.notify_all();
+}
+
+void EventWatcher::Post(std::function<void()> fn) {
+  Start();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ready_.push_back(Ready{[fn = std::move(fn)](cl_int) { fn(); }, CL_COMPLETE, nullptr});
+  }
+  run_cv_.notify_one();
+}
+
+void EventWatcher::Start() {
+  std::call_once(started_, [this] {
+    std::thread([this] { PollLoop(); }).detach();
+    std::thread([this] { RunLoop(); }).detach();
+  });
 }
 
 void EventWatcher::Fire(const std::shared_ptr<Pending>& p, cl_int status) {
@@ -81,36 +94,44 @@ void EventWatcher::Fire(const std::shared_ptr<Pending>& p, cl_int status) {
   run_cv_.notify_one();
 }
 
-// Polls every pending event: continuously while one of them is younger than kEager (a
-// transfer or a dependency due any moment), then once a millisecond, beside the callbacks:
-// PoCL never calls back for an event failed by its wait list, and NVIDIA's callbacks came
-// 20-40 us after a poll saw the event (H100, driver 580). A callback's data is leaked when
-// the implementation never calls it (a failed event on PoCL): a few bytes.
+// Polls pending events beside the callbacks: continuously those younger than kEager (a
+// transfer or a dependency due any moment), the others every kSlow. PoCL never calls back for
+// an event failed by its wait list, and NVIDIA's callbacks came 20-40 us after a poll saw the
+// event (H100, driver 580). The queries run without the lock: a program that enqueued far
+// ahead leaves hundreds of events pending, and callbacks and the runner must not wait for a
+// sweep. A callback's data is leaked when the implementation never calls it (a failed event on
+// PoCL): a few bytes and the event.
 void EventWatcher::PollLoop() {
   constexpr auto kEager = std::chrono::milliseconds(2);
-  std::unique_lock<std::mutex> lock(mu_);
+  constexpr auto kSlow = std::chrono::milliseconds(5);
+  auto last_sweep = Clock::now();
   for (;;) {
-    cv_.wait(lock, [this] { return !watches_.empty(); });
-    std::vector<std::shared_ptr<Pending>> due;
-    bool eager = false;
+    std::vector<std::shared_ptr<Pending>> snapshot;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return !watches_.empty(); });
+      std::erase_if(watches_, [](const std::shared_ptr<Pending>& p) { return p->fired.load(); });
+      snapshot = watches_;
+    }
     const auto now = Clock::now();
-    std::erase_if(watches_, [&](const std::shared_ptr<Pending>& p) {
-      if (p->fired) return true;
+    const bool sweep = now - last_sweep >= kSlow;
+    if (sweep) last_sweep = now;
+    bool eager = false;
+    for (const auto& p : snapshot) {
+      const bool young = now - p->since < kEager;
+      eager |= young;
+      if (p->fired || !(young || sweep)) continue;
       cl_int st = CL_QUEUED;
       cl_int err = clGetEventInfo(p->event, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof st, &st, nullptr);
       if (err != CL_SUCCESS) st = err;  // an event that cannot be asked about has failed
-      if (st <= CL_COMPLETE) {
-        due.emplace_back(p)->fired_status = st;
-        return true;
-      }
-      eager |= now - p->since < kEager;
-      return false;
-    });
-    lock.unlock();
-    for (const auto& p : due) Fire(p, p->fired_status);
-    if (eager) std::this_thread::yield();
-    lock.lock();
-    if (!eager) cv_.wait_for(lock, std::chrono::milliseconds(1));
+      if (st <= CL_COMPLETE) Fire(p, st);
+    }
+    if (eager) {
+      std::this_thread::yield();
+    } else {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, std::chrono::milliseconds(1));
+    }
   }
 }
 
@@ -140,14 +161,11 @@ Result<cl_command_queue> OpenCLBackend::TransferQueue(uint32_t device) {
   return d.transfer_queue.get();
 }
 
-// The stream's position as a marker (after its earlier work and `wait`) and, right after it,
-// a gate that holds the rest of the stream until the host side of the transfer is done; the
-// command's signal completes with the gate. The host side runs on the watcher's thread once
-// the marker completes, with blocking calls on the transfer queue: no device memory of its
-// own, nothing blocking on the executor or the worker's receive thread, and an
-// implementation that reads a non-blocking write's host memory early cannot see it unfilled.
-Result<OpenCLBackend::Gate> OpenCLBackend::OpenGate(uint64_t stream, uint64_t buffer, uint64_t offset, uint64_t size,
-                                                    const ir::u64s& wait, uint64_t signal) {
+// In stream order, the range is copied into a device buffer of the transfer's own; once that
+// copy is done, the watcher's thread reads it into host memory on the transfer queue.
+Status OpenCLBackend::ReadToHost(uint64_t stream, uint64_t buffer, uint64_t offset, uint64_t size,
+                                 const ir::u64s& wait, uint64_t signal,
+                                 std::function<void(Result<std::shared_ptr<HostBuffer>>)> done) {
   auto b = Find(buffers_, buffer, "buffer");
   if (!b.ok()) return b.status();
   TANDEM_RETURN_IF_ERROR(CheckRange(*b.value(), buffer, offset, size));
@@ -156,49 +174,28 @@ Result<OpenCLBackend::Gate> OpenCLBackend::OpenGate(uint64_t stream, uint64_t bu
   if (!tq.ok()) return tq.status();
   Enqueue e;
   TANDEM_RETURN_IF_ERROR(Prepare(stream, device, wait, signal, &e));
-  Gate g;
   cl_int err = CL_SUCCESS;
-  g.gate = std::make_shared<EventRef>(clCreateUserEvent(devices_[device].context.get(), &err));
-  if (err != CL_SUCCESS) return ClError(err, "clCreateUserEvent", "server-to-server gate");
-  cl_event mark = nullptr;
-  err = clEnqueueMarkerWithWaitList(e.queue, e.num_wait(), e.wait_list(), &mark);
-  if (err != CL_SUCCESS) return ClError(err, "clEnqueueMarkerWithWaitList");
-  g.mark = std::make_shared<EventRef>(mark);
-  cl_event gate = g.gate->get();
-  err = clEnqueueMarkerWithWaitList(e.queue, 1, &gate, e.event_out());
-  if (err != CL_SUCCESS) {
-    clSetUserEventStatus(gate, CL_INVALID_OPERATION);
-    return ClError(err, "clEnqueueMarkerWithWaitList", "server-to-server gate");
-  }
+  auto tmp = std::make_shared<MemRef>(clCreateBuffer(devices_[device].context.get(), CL_MEM_READ_WRITE, size, nullptr, &err));
+  if (err != CL_SUCCESS) return ClError(err, "clCreateBuffer", "server-to-server staging");
+  err = clEnqueueCopyBuffer(e.queue, b.value()->mem.get(), tmp->get(), offset, 0, size, e.num_wait(), e.wait_list(),
+                            e.event_out(true));
+  if (err != CL_SUCCESS) return ClError(err, "clEnqueueCopyBuffer", "into server-to-server staging");
+  cl_event copied = e.done;
+  clRetainEvent(copied);
   Complete(e);
   clFlush(e.queue);
   cl_command_queue q = tq.value();
   clRetainCommandQueue(q);
-  g.queue = std::make_shared<QueueRef>(q);
-  clRetainMemObject(b.value()->mem.get());
-  g.mem = std::make_shared<MemRef>(b.value()->mem.get());
-  return g;
-}
-
-Status OpenCLBackend::ReadToHost(uint64_t stream, uint64_t buffer, uint64_t offset, uint64_t size,
-                                 const ir::u64s& wait, uint64_t signal,
-                                 std::function<void(Result<std::shared_ptr<HostBuffer>>)> done) {
-  auto g = OpenGate(stream, buffer, offset, size, wait, signal);
-  if (!g.ok()) return g.status();
-  cl_event mark = g->mark->get();
-  clRetainEvent(mark);
-  EventWatcher::Get().Watch(mark, [g = std::move(g).value(), offset, size, done = std::move(done)](cl_int status) {
+  EventWatcher::Get().Watch(copied, [tmp, q, size, done = std::move(done)](cl_int status) {
+    QueueRef held(q);
     if (status < 0) {
-      clSetUserEventStatus(g.gate->get(), status);
-      done(ClError(status, "the work before a server-to-server transfer's source"));
+      done(ClError(status, "the copy of a server-to-server transfer's source"));
       return;
     }
     auto host = std::make_shared<PlainHostBuffer>(size);
-    cl_int err = clEnqueueReadBuffer(g.queue->get(), g.mem->get(), CL_TRUE, offset, size, host->data(), 0, nullptr,
-                                     nullptr);
-    clSetUserEventStatus(g.gate->get(), err == CL_SUCCESS ? CL_COMPLETE : err);
+    cl_int err = clEnqueueReadBuffer(q, tmp->get(), CL_TRUE, 0, size, host->data(), 0, nullptr, nullptr);
     if (err != CL_SUCCESS) {
-      done(ClError(err, "clEnqueueReadBuffer", "server-to-server source"));
+      done(ClError(err, "clEnqueueReadBuffer", "server-to-server staging"));
       return;
     }
     done(std::shared_ptr<HostBuffer>(std::move(host)));
@@ -206,28 +203,51 @@ Status OpenCLBackend::ReadToHost(uint64_t stream, uint64_t buffer, uint64_t offs
   return Status::Ok();
 }
 
+// The stream copies the range in from a device buffer of the transfer's own, held by a user
+// event; release writes the bytes into that buffer (blocking, on the transfer queue) and then
+// sets the event, or fails it. (Writing the program's buffer itself from the transfer queue
+// while the gate held its queue deadlocked on NVIDIA's OpenCL: a private buffer did not.)
 Result<PendingWrite> OpenCLBackend::WriteFromHost(uint64_t stream, uint64_t buffer, uint64_t offset, uint64_t size,
                                                    const ir::u64s& wait, uint64_t signal) {
-  auto g = OpenGate(stream, buffer, offset, size, wait, signal);
-  if (!g.ok()) return g.status();
+  auto b = Find(buffers_, buffer, "buffer");
+  if (!b.ok()) return b.status();
+  TANDEM_RETURN_IF_ERROR(CheckRange(*b.value(), buffer, offset, size));
+  const uint32_t device = b.value()->device;
+  auto tq = TransferQueue(device);
+  if (!tq.ok()) return tq.status();
+  Enqueue e;
+  TANDEM_RETURN_IF_ERROR(Prepare(stream, device, wait, signal, &e));
+  cl_int err = CL_SUCCESS;
+  cl_context context = devices_[device].context.get();
+  auto tmp = std::make_shared<MemRef>(clCreateBuffer(context, CL_MEM_READ_WRITE, size, nullptr, &err));
+  if (err != CL_SUCCESS) return ClError(err, "clCreateBuffer", "server-to-server staging");
+  auto gate = std::make_shared<EventRef>(clCreateUserEvent(context, &err));
+  if (err != CL_SUCCESS) return ClError(err, "clCreateUserEvent", "server-to-server gate");
+  e.wait.push_back(gate->get());
+  err = clEnqueueCopyBuffer(e.queue, tmp->get(), b.value()->mem.get(), 0, offset, size, e.num_wait(), e.wait_list(),
+                            e.signal ? e.event_out() : nullptr);
+  if (err != CL_SUCCESS) {
+    clSetUserEventStatus(gate->get(), CL_INVALID_OPERATION);
+    return ClError(err, "clEnqueueCopyBuffer", "from server-to-server staging");
+  }
+  Complete(e);
+  clFlush(e.queue);
+  cl_command_queue q = tq.value();
+  clRetainCommandQueue(q);
+  auto queue = std::make_shared<QueueRef>(q);
   auto host = std::make_shared<PlainHostBuffer>(size);
   PendingWrite pending;
   pending.staging = host;
-  // Runs where the bytes arrived: the write itself waits for the stream's position, on the
+  // Runs where the bytes arrived (the worker's receive thread): the blocking write goes to the
   // watcher's thread.
-  pending.release = [g = std::move(g).value(), host, offset, size](const Status& got) {
+  pending.release = [tmp, gate, queue, host, size](const Status& got) {
     if (!got.ok()) {
-      clSetUserEventStatus(g.gate->get(), FailedStatus(got));
+      clSetUserEventStatus(gate->get(), FailedStatus(got));
       return;
     }
-    cl_event mark = g.mark->get();
-    clRetainEvent(mark);
-    EventWatcher::Get().Watch(mark, [g, host, offset, size](cl_int status) {
-      cl_int err = status;
-      if (status >= 0)
-        err = clEnqueueWriteBuffer(g.queue->get(), g.mem->get(), CL_TRUE, offset, size, host->data(), 0, nullptr,
-                                   nullptr);
-      clSetUserEventStatus(g.gate->get(), err == CL_SUCCESS ? CL_COMPLETE : err);
+    EventWatcher::Get().Post([tmp, gate, queue, host, size] {
+      cl_int err = clEnqueueWriteBuffer(queue->get(), tmp->get(), CL_TRUE, 0, size, host->data(), 0, nullptr, nullptr);
+      clSetUserEventStatus(gate->get(), err == CL_SUCCESS ? CL_COMPLETE : err);
     });
   };
   return pending;

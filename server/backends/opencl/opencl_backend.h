@@ -144,6 +144,8 @@ class EventWatcher {
   };
   // Hands a pending watch to the runner thread, once (from the callback or the poller).
   void Fire(const std::shared_ptr<Pending>& p, cl_int status);
+  // Runs fn on the watcher's thread, after what is already due there.
+  void Post(std::function<void()> fn);
 
  private:
   struct Ready {
@@ -151,13 +153,14 @@ class EventWatcher {
     cl_int status = 0;
     std::shared_ptr<Pending> pending;  // keeps the event until fn has run
   };
+  void Start();
   void PollLoop();
   void RunLoop();
   std::mutex mu_;
   std::condition_variable cv_, run_cv_;
   std::vector<std::shared_ptr<Pending>> watches_;
   std::deque<Ready> ready_;
-  bool started_ = false;
+  std::once_flag started_;
 };
 
 class OpenCLBackend : public Backend {
@@ -218,15 +221,7 @@ class OpenCLBackend : public Backend {
   // ---- enqueues (opencl_backend.cc) ----
   Result<cl_command_queue> DefaultQueue(uint32_t device);
   Result<cl_command_queue> TransferQueue(uint32_t device);
-  // An asynchronous transfer's hold on its stream (opencl_async.cc).
-  struct Gate {
-    std::shared_ptr<EventRef> mark;  // the stream's position
-    std::shared_ptr<EventRef> gate;  // holds the stream until the host side is done
-    std::shared_ptr<QueueRef> queue;  // the device's transfer queue
-    std::shared_ptr<MemRef> mem;      // the buffer
-  };
-  Result<Gate> OpenGate(uint64_t stream, uint64_t buffer, uint64_t offset, uint64_t size, const ir::u64s& wait,
-                        uint64_t signal);
+
   // Resolves stream (0: the device's default queue), wait list and signal for `device`.
   Status Prepare(uint64_t stream, uint32_t device, const ir::u64s& wait, uint64_t signal, Enqueue* e);
   // Binds the command's event to its signal handle (or releases it when there is none).
