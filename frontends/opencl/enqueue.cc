@@ -20,6 +20,8 @@ struct Command {
   std::vector<uint64_t> wait;
   cl_event event = nullptr;
   std::vector<cl_event> foreign;  // wait-list events of other servers (held by the caller)
+  cl_command_type type = 0;
+  Completion completion = Completion::kRemote;
   uint64_t signal() const { return event ? event->handle : 0; }
 };
 
@@ -27,20 +29,25 @@ cl_int Begin(cl_command_queue q, cl_uint n, const cl_event* list, cl_event* out,
              Completion completion, Command* cmd) {
   if (!Valid(q)) return CL_INVALID_COMMAND_QUEUE;
   cmd->q = q;
+  cmd->type = type;
+  cmd->completion = completion;
   if (cl_int err = CheckWaitList(q, n, list, &cmd->wait, &cmd->foreign); err != CL_SUCCESS) return err;
   if (out) cmd->event = NewEvent(q->context, q, type, completion);
   return CL_SUCCESS;
 }
 
-// Hands the event to the application on success; drops it otherwise.
+// Hands the event to the application on success (an event the application did not ask for
+// is Tandem's: buffers it wrote hold it); drops it otherwise.
 cl_int End(Command& cmd, cl_event* out, cl_int err) {
   if (!cmd.event) return err;
   if (err == CL_SUCCESS) {
     cmd.event->bound = true;
-    *out = cmd.event;
-  } else {
-    cmd.event->Release();
+    if (out) {
+      *out = cmd.event;
+      return err;
+    }
   }
+  cmd.event->Release();
   return err;
 }
 
@@ -56,9 +63,13 @@ bool WholeRoot(cl_mem mem, size_t offset, size_t size) {
   return !mem->parent && offset == 0 && size == mem->size;
 }
 
-// The buffer's handle on the command's server, its bytes made current there.
+// The buffer's handle on the command's server, its bytes made current there. A command that
+// writes a buffer of a context over several servers signals an event, its own if the program
+// asked for none, so a later copy out of that server can wait for exactly this write.
 cl_int Acquire(Command& cmd, cl_mem mem, BufferUse use, uint64_t* handle) {
-  return AcquireBuffer(cmd.q, mem, use, handle, &cmd.wait, cmd.foreign);
+  if (use != BufferUse::kRead && !cmd.event && SpansServers(cmd.q->context))
+    cmd.event = NewEvent(cmd.q->context, cmd.q, cmd.type, cmd.completion);
+  return AcquireBuffer(cmd.q, mem, use, handle, &cmd.wait, cmd.foreign, cmd.event);
 }
 
 cl_int CheckRange(cl_mem mem, size_t offset, size_t size) {
@@ -116,8 +127,9 @@ cl_int Read(Command& cmd, cl_mem mem, bool blocking, size_t offset, size_t size,
 }
 
 // Writes size bytes from src at offset of mem; `done` (optional) runs once src may be reused.
-Status Write(Command& cmd, cl_mem mem, bool blocking, size_t offset, size_t size, const void* src,
-             uint64_t signal, std::function<void(const Status&)> done = {}) {
+// With `signals`, the write signals the command's event (which Acquire may only now create).
+Status Write(Command& cmd, cl_mem mem, bool blocking, size_t offset, size_t size, const void* src, bool signals,
+             std::function<void(const Status&)> done = {}) {
   ir::BufferWriteReq req;
   req.stream = cmd.q->stream;
   if (cl_int err = Acquire(cmd, mem, WholeRoot(mem, offset, size) ? BufferUse::kOverwrite : BufferUse::kWrite,
@@ -126,7 +138,7 @@ Status Write(Command& cmd, cl_mem mem, bool blocking, size_t offset, size_t size
   req.offset = mem->origin + offset;
   req.size = size;
   req.wait = cmd.wait;
-  req.signal = signal;
+  req.signal = signals ? cmd.signal() : 0;
   return client::WriteBuffer(cmd.q->session(), std::move(req), src, blocking, std::move(done));
 }
 
@@ -233,7 +245,7 @@ cl_int EnqueueWriteBuffer(cl_command_queue q, cl_mem mem, cl_bool blocking, size
   if (!err) err = CheckRange(mem, offset, size);
   if (!err && !ptr) err = CL_INVALID_VALUE;
   if (!err && !HostMayWrite(mem)) err = CL_INVALID_OPERATION;
-  if (!err) err = ToCl(Write(cmd, mem, blocking, offset, size, ptr, cmd.signal()), "clEnqueueWriteBuffer");
+  if (!err) err = ToCl(Write(cmd, mem, blocking, offset, size, ptr, true), "clEnqueueWriteBuffer");
   return End(cmd, out, err);
 }
 
@@ -295,7 +307,7 @@ cl_int EnqueueWriteBufferRect(cl_command_queue q, cl_mem mem, cl_bool blocking, 
     auto fire = [taken, once](const Status&) {
       if (!once->exchange(true)) taken->Done();
     };
-    Status st = Write(cmd, mem, false, b, len, static_cast<const uint8_t*>(ptr) + h, 0, fire);
+    Status st = Write(cmd, mem, false, b, len, static_cast<const uint8_t*>(ptr) + h, false, fire);
     if (!st.ok()) {
       fire(st);
       if (first.ok()) first = st;
@@ -460,7 +472,7 @@ cl_int EnqueueUnmapMemObject(cl_command_queue q, cl_mem mem, void* ptr, cl_uint 
   }
   if (m.flags & (CL_MAP_WRITE | CL_MAP_WRITE_INVALIDATE_REGION)) {
     auto keep = m.staging;
-    Status st = Write(cmd, mem, false, m.offset, m.size, m.ptr, cmd.signal(), [keep](const Status&) {});
+    Status st = Write(cmd, mem, false, m.offset, m.size, m.ptr, true, [keep](const Status&) {});
     return End(cmd, out, ToCl(st, "clEnqueueUnmapMemObject", CL_INVALID_MEM_OBJECT));
   }
   if (cmd.event) PostMarker(cmd, false);

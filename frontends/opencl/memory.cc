@@ -58,7 +58,7 @@ cl_mem CreateBuffer(cl_context context, cl_mem_flags flags, size_t size, void* h
   client::Session& s = mem->session();
   s.Post(ir::BufferAllocReq{mem->handle, mem->resident->remote->remote_index, size, IrFlags(flags), 0});
   mem->copies.push_back(_cl_mem::Copy{
-      .session = &s, .device = mem->resident->remote->remote_index, .handle = mem->handle, .stream = 0, .current = true});
+      .session = &s, .device = mem->resident->remote->remote_index, .handle = mem->handle, .last_write = {}, .current = true});
   // The initial contents travel from a private copy, so creation does not wait.
   if (wants_ptr) {
     auto copy = std::make_shared<std::vector<uint8_t>>(static_cast<uint8_t*>(host_ptr),
@@ -132,7 +132,11 @@ client::CopyEnd SourceOf(_cl_mem* root) {
   for (size_t i = 0; i < root->copies.size(); ++i) {
     const auto& c = root->copies[i];
     if (!c.current) continue;
-    client::CopyEnd end{.session = c.session, .stream = c.stream, .buffer = c.handle, .offset = 0};
+    client::CopyEnd end{.session = c.session, .stream = 0, .buffer = c.handle, .offset = 0};
+    if (cl_event w = c.last_write.get(); w && w->bound) {
+      std::lock_guard lock(w->mu);
+      if (w->status != CL_COMPLETE) end.wait.push_back(w->handle);
+    }
     // The home copy may still be waiting for its initial upload.
     if (i == 0 && root->ready) end.wait.push_back(root->ready);
     return end;
@@ -154,8 +158,14 @@ client::CopyEnd CurrentSource(cl_mem mem) {
   return SourceOf(root);
 }
 
+bool SpansServers(cl_context context) {
+  for (cl_device_id d : context->devices)
+    if (&d->session() != &context->home()->session()) return true;
+  return false;
+}
+
 cl_int AcquireBuffer(cl_command_queue q, cl_mem mem, BufferUse use, uint64_t* handle, std::vector<uint64_t>* wait,
-                     const std::vector<cl_event>& foreign) {
+                     const std::vector<cl_event>& foreign, cl_event writer) {
   _cl_mem* root = MutableRoot(mem);
   client::Session* here = &q->session();
   std::lock_guard lock(root->residency_mu);
@@ -164,7 +174,8 @@ cl_int AcquireBuffer(cl_command_queue q, cl_mem mem, BufferUse use, uint64_t* ha
     const uint64_t h = client::Runtime::Get().NewHandle();
     const uint32_t device = q->device->remote->remote_index;
     here->Post(ir::BufferAllocReq{h, device, root->size, IrFlags(root->flags), 0});
-    root->copies.push_back(_cl_mem::Copy{.session = here, .device = device, .handle = h, .stream = 0, .current = false});
+    root->copies.push_back(
+        _cl_mem::Copy{.session = here, .device = device, .handle = h, .last_write = {}, .current = false});
     mine = &root->copies.back();
   }
   const bool home = mine == &root->copies.front();
@@ -174,15 +185,18 @@ cl_int AcquireBuffer(cl_command_queue q, cl_mem mem, BufferUse use, uint64_t* ha
     client::CopyEnd from = SourceOf(root);
     for (uint64_t h : HandlesOn(foreign, from.session)) from.wait.push_back(h);
     client::CopyEnd to{.session = here, .stream = q->stream, .buffer = mine->handle, .offset = 0};
-    Status st = client::CopyBetweenServers(from, to, root->size, 0);
+    cl_event filled = NewEvent(q->context, q, CL_COMMAND_MIGRATE_MEM_OBJECTS, _cl_event::Completion::kRemote);
+    Status st = client::CopyBetweenServers(from, to, root->size, filled->handle);
+    filled->bound = st.ok();
+    if (st.ok()) mine->last_write = Held<_cl_event>(filled);
+    filled->Release();  // the copy holds it
     if (!st.ok()) return ToCl(st, "moving a buffer between servers", CL_MEM_OBJECT_ALLOCATION_FAILURE);
   }
   if (use == BufferUse::kRead) {
-    if (!mine->current) mine->stream = q->stream;
     mine->current = true;
   } else {
     for (auto& c : root->copies) c.current = &c == mine;
-    mine->stream = q->stream;
+    mine->last_write = Held<_cl_event>(writer);
   }
   *handle = mine->handle;
   return CL_SUCCESS;

@@ -255,13 +255,18 @@ struct _cl_mem : tandem::ocl::Object<_cl_mem> {
   cl_device_id resident = nullptr;
   uint64_t handle = 0;
   // Residency across devices (root buffers only): one copy per device that has used the
-  // buffer, copies[0] being the home copy. `current` copies hold the latest bytes; `stream`
-  // is the one that last wrote a copy, so a copy out of that server is ordered after it.
+  // buffer, copies[0] being the home copy. `current` copies hold the latest bytes. A copy out
+  // of a server is read on that device's default stream, after `last_write` (the event of
+  // the last command that wrote this copy: the program's, one of Tandem's own when it asked
+  // for none, or the copy that brought the bytes here), the initial upload and the copying
+  // command's wait-list events of that server; not in the order of the queue that last wrote
+  // it, which would put it behind whatever that queue took since (a native copy on another
+  // queue is not).
   struct Copy {
     tandem::client::Session* session = nullptr;
     uint32_t device = 0;  // the device's index on its server (a server keeps one copy per device)
     uint64_t handle = 0;
-    uint64_t stream = 0;
+    tandem::ocl::Held<_cl_event> last_write;
     bool current = false;
   };
   std::mutex residency_mu;
@@ -395,8 +400,11 @@ enum class BufferUse {
 // for there (the initial upload). The source of such a copy first waits for the command's
 // wait-list events of its own server (`foreign`, from CheckWaitList). A single-server context
 // never copies anything.
+// `writer` is the command's event (a writing use records it as the copy's last write).
 cl_int AcquireBuffer(cl_command_queue q, cl_mem mem, BufferUse use, uint64_t* handle, std::vector<uint64_t>* wait,
-                     const std::vector<cl_event>& foreign);
+                     const std::vector<cl_event>& foreign, cl_event writer);
+// Whether the context's devices are on more than one server (buffers then move between them).
+bool SpansServers(cl_context context);
 // Whether q's server already holds the current bytes of `mem`.
 bool CurrentOn(cl_command_queue q, cl_mem mem);
 // Where the current bytes of `mem` are (another server than q's): the source end of a copy,
