@@ -84,6 +84,18 @@ class MultiServer : public ::testing::Test {
     return out;
   }
 
+  // A buffer of `count` zeros, current only on queue q's server.
+  cl_mem ZerosOn(int q, size_t count) {
+    std::vector<int> zeros(count, 0);
+    cl_mem m = Buffer(count * sizeof(int));
+    EXPECT_EQ(clEnqueueMigrateMemObjects(queues_[q], 1, &m, CL_MIGRATE_MEM_OBJECT_CONTENT_UNDEFINED, 0, nullptr,
+                                         nullptr),
+              CL_SUCCESS);
+    EXPECT_EQ(clEnqueueWriteBuffer(queues_[q], m, CL_TRUE, 0, count * sizeof(int), zeros.data(), 0, nullptr, nullptr),
+              CL_SUCCESS);
+    return m;
+  }
+
   static inline std::string start_error_;
   cl_device_id devices_[2] = {};
   cl_context context_ = nullptr;
@@ -221,12 +233,7 @@ TEST_F(MultiServer, WaitListEventOfAnotherServerIsWaitedForThere) {
   constexpr size_t kCount = 1024;
   std::vector<int> zeros(kCount, 0);
   cl_mem a = Buffer(kCount * sizeof(int), zeros.data());  // used on the first server only
-  cl_mem b = Buffer(kCount * sizeof(int));
-  ASSERT_EQ(clEnqueueMigrateMemObjects(queues_[1], 1, &b, CL_MIGRATE_MEM_OBJECT_CONTENT_UNDEFINED, 0, nullptr,
-                                       nullptr),
-            CL_SUCCESS);
-  ASSERT_EQ(clEnqueueWriteBuffer(queues_[1], b, CL_TRUE, 0, kCount * sizeof(int), zeros.data(), 0, nullptr, nullptr),
-            CL_SUCCESS);
+  cl_mem b = ZerosOn(1, kCount);
   ASSERT_EQ(ReadAll(0, a, kCount), zeros);
   cl_int err = CL_SUCCESS;
   cl_event gate = clCreateUserEvent(context_, &err);
@@ -265,12 +272,7 @@ TEST_F(MultiServer, FailedEventOfAnotherServerFailsItsWaiters) {
   if (!DirectLinks()) GTEST_SKIP() << "with TANDEM_VDMA=0 the client itself waits for the event";
   constexpr size_t kCount = 256;
   std::vector<int> zeros(kCount, 0);
-  cl_mem b = Buffer(kCount * sizeof(int));
-  ASSERT_EQ(clEnqueueMigrateMemObjects(queues_[1], 1, &b, CL_MIGRATE_MEM_OBJECT_CONTENT_UNDEFINED, 0, nullptr,
-                                       nullptr),
-            CL_SUCCESS);
-  ASSERT_EQ(clEnqueueWriteBuffer(queues_[1], b, CL_TRUE, 0, kCount * sizeof(int), zeros.data(), 0, nullptr, nullptr),
-            CL_SUCCESS);
+  cl_mem b = ZerosOn(1, kCount);
   cl_int err = CL_SUCCESS;
   cl_event gate = clCreateUserEvent(context_, &err);
   ASSERT_EQ(err, CL_SUCCESS);

@@ -163,37 +163,47 @@ Result<cl_command_queue> OpenCLBackend::TransferQueue(uint32_t device) {
 
 // In stream order, the range is copied into a device buffer of the transfer's own; once that
 // copy is done, the watcher's thread reads it into host memory on the transfer queue.
-Status OpenCLBackend::ReadToHost(uint64_t stream, uint64_t buffer, uint64_t offset, uint64_t size,
-                                 const ir::u64s& wait, uint64_t signal,
-                                 std::function<void(Result<std::shared_ptr<HostBuffer>>)> done) {
+// What both halves start with: the buffer, the command's queue and wait list, a device buffer
+// of the transfer's own and the device's transfer queue.
+Result<OpenCLBackend::Staged> OpenCLBackend::Stage(uint64_t stream, uint64_t buffer, uint64_t offset, uint64_t size,
+                                                   const ir::u64s& wait, uint64_t signal) {
   auto b = Find(buffers_, buffer, "buffer");
   if (!b.ok()) return b.status();
   TANDEM_RETURN_IF_ERROR(CheckRange(*b.value(), buffer, offset, size));
-  const uint32_t device = b.value()->device;
-  auto tq = TransferQueue(device);
+  Staged st;
+  st.buffer = b.value();
+  auto tq = TransferQueue(st.buffer->device);
   if (!tq.ok()) return tq.status();
-  Enqueue e;
-  TANDEM_RETURN_IF_ERROR(Prepare(stream, device, wait, signal, &e));
+  TANDEM_RETURN_IF_ERROR(Prepare(stream, st.buffer->device, wait, signal, &st.e));
   cl_int err = CL_SUCCESS;
-  auto tmp = std::make_shared<MemRef>(clCreateBuffer(devices_[device].context.get(), CL_MEM_READ_WRITE, size, nullptr, &err));
+  st.context = devices_[st.buffer->device].context.get();
+  st.tmp = std::make_shared<MemRef>(clCreateBuffer(st.context, CL_MEM_READ_WRITE, size, nullptr, &err));
   if (err != CL_SUCCESS) return ClError(err, "clCreateBuffer", "server-to-server staging");
-  err = clEnqueueCopyBuffer(e.queue, b.value()->mem.get(), tmp->get(), offset, 0, size, e.num_wait(), e.wait_list(),
-                            e.event_out(true));
+  clRetainCommandQueue(tq.value());
+  st.transfer = std::make_shared<QueueRef>(tq.value());
+  return st;
+}
+
+Status OpenCLBackend::ReadToHost(uint64_t stream, uint64_t buffer, uint64_t offset, uint64_t size,
+                                 const ir::u64s& wait, uint64_t signal,
+                                 std::function<void(Result<std::shared_ptr<HostBuffer>>)> done) {
+  auto st = Stage(stream, buffer, offset, size, wait, signal);
+  if (!st.ok()) return st.status();
+  Enqueue& e = st->e;
+  cl_int err = clEnqueueCopyBuffer(e.queue, st->buffer->mem.get(), st->tmp->get(), offset, 0, size, e.num_wait(),
+                                   e.wait_list(), e.event_out(true));
   if (err != CL_SUCCESS) return ClError(err, "clEnqueueCopyBuffer", "into server-to-server staging");
   cl_event copied = e.done;
   clRetainEvent(copied);
   Complete(e);
   clFlush(e.queue);
-  cl_command_queue q = tq.value();
-  clRetainCommandQueue(q);
-  EventWatcher::Get().Watch(copied, [tmp, q, size, done = std::move(done)](cl_int status) {
-    QueueRef held(q);
+  EventWatcher::Get().Watch(copied, [tmp = st->tmp, queue = st->transfer, size, done = std::move(done)](cl_int status) {
     if (status < 0) {
       done(ClError(status, "the copy of a server-to-server transfer's source"));
       return;
     }
     auto host = std::make_shared<PlainHostBuffer>(size);
-    cl_int err = clEnqueueReadBuffer(q, tmp->get(), CL_TRUE, 0, size, host->data(), 0, nullptr, nullptr);
+    cl_int err = clEnqueueReadBuffer(queue->get(), tmp->get(), CL_TRUE, 0, size, host->data(), 0, nullptr, nullptr);
     if (err != CL_SUCCESS) {
       done(ClError(err, "clEnqueueReadBuffer", "server-to-server staging"));
       return;
@@ -209,38 +219,27 @@ Status OpenCLBackend::ReadToHost(uint64_t stream, uint64_t buffer, uint64_t offs
 // while the gate held its queue deadlocked on NVIDIA's OpenCL: a private buffer did not.)
 Result<PendingWrite> OpenCLBackend::WriteFromHost(uint64_t stream, uint64_t buffer, uint64_t offset, uint64_t size,
                                                    const ir::u64s& wait, uint64_t signal) {
-  auto b = Find(buffers_, buffer, "buffer");
-  if (!b.ok()) return b.status();
-  TANDEM_RETURN_IF_ERROR(CheckRange(*b.value(), buffer, offset, size));
-  const uint32_t device = b.value()->device;
-  auto tq = TransferQueue(device);
-  if (!tq.ok()) return tq.status();
-  Enqueue e;
-  TANDEM_RETURN_IF_ERROR(Prepare(stream, device, wait, signal, &e));
+  auto st = Stage(stream, buffer, offset, size, wait, signal);
+  if (!st.ok()) return st.status();
+  Enqueue& e = st->e;
   cl_int err = CL_SUCCESS;
-  cl_context context = devices_[device].context.get();
-  auto tmp = std::make_shared<MemRef>(clCreateBuffer(context, CL_MEM_READ_WRITE, size, nullptr, &err));
-  if (err != CL_SUCCESS) return ClError(err, "clCreateBuffer", "server-to-server staging");
-  auto gate = std::make_shared<EventRef>(clCreateUserEvent(context, &err));
+  auto gate = std::make_shared<EventRef>(clCreateUserEvent(st->context, &err));
   if (err != CL_SUCCESS) return ClError(err, "clCreateUserEvent", "server-to-server gate");
   e.wait.push_back(gate->get());
-  err = clEnqueueCopyBuffer(e.queue, tmp->get(), b.value()->mem.get(), 0, offset, size, e.num_wait(), e.wait_list(),
-                            e.signal ? e.event_out() : nullptr);
+  err = clEnqueueCopyBuffer(e.queue, st->tmp->get(), st->buffer->mem.get(), 0, offset, size, e.num_wait(),
+                            e.wait_list(), e.signal ? e.event_out() : nullptr);
   if (err != CL_SUCCESS) {
     clSetUserEventStatus(gate->get(), CL_INVALID_OPERATION);
     return ClError(err, "clEnqueueCopyBuffer", "from server-to-server staging");
   }
   Complete(e);
   clFlush(e.queue);
-  cl_command_queue q = tq.value();
-  clRetainCommandQueue(q);
-  auto queue = std::make_shared<QueueRef>(q);
   auto host = std::make_shared<PlainHostBuffer>(size);
   PendingWrite pending;
   pending.staging = host;
   // Runs where the bytes arrived (the worker's receive thread): the blocking write goes to the
   // watcher's thread.
-  pending.release = [tmp, gate, queue, host, size](const Status& got) {
+  pending.release = [tmp = st->tmp, gate, queue = st->transfer, host, size](const Status& got) {
     if (!got.ok()) {
       clSetUserEventStatus(gate->get(), FailedStatus(got));
       return;

@@ -221,6 +221,16 @@ class OpenCLBackend : public Backend {
   // ---- enqueues (opencl_backend.cc) ----
   Result<cl_command_queue> DefaultQueue(uint32_t device);
   Result<cl_command_queue> TransferQueue(uint32_t device);
+  // The start of an asynchronous transfer's half (opencl_async.cc).
+  struct Staged {
+    Buffer* buffer = nullptr;
+    Enqueue e;                         // the command's queue, wait list and signal
+    cl_context context = nullptr;
+    std::shared_ptr<MemRef> tmp;       // the transfer's own device buffer
+    std::shared_ptr<QueueRef> transfer;  // the device's transfer queue
+  };
+  Result<Staged> Stage(uint64_t stream, uint64_t buffer, uint64_t offset, uint64_t size, const ir::u64s& wait,
+                       uint64_t signal);
 
   // Resolves stream (0: the device's default queue), wait list and signal for `device`.
   Status Prepare(uint64_t stream, uint32_t device, const ir::u64s& wait, uint64_t signal, Enqueue* e);
