@@ -5,7 +5,8 @@
 //
 // The implementation is split by API family: opencl_backend.cc (discovery, handles,
 // queues and wait lists), opencl_device_info.cc, opencl_memory.cc, opencl_program.cc,
-// opencl_launch.cc, opencl_events.cc.
+// opencl_launch.cc, opencl_events.cc, opencl_warm.cc, opencl_async.cc (the event watcher and
+// asynchronous server-to-server copies).
 #pragma once
 
 #define CL_USE_DEPRECATED_OPENCL_1_2_APIS
