@@ -447,18 +447,18 @@ Status Session::Call(const ir::PeerSendReq& req, ir::PeerSendRep*) {
     // while this thread goes on with the next command.
     PeerLink* peers = peers_;
     const uint64_t transfer = req.transfer, size = req.size;
-    auto in_flight = async_bytes_;
-    Status st = backend_->ReadToHost(req.stream, req.buffer, req.offset, req.size, req.wait, req.signal,
-                                     [peers, transfer, size, in_flight, profile = profile_,
-                                      since = std::chrono::steady_clock::now()](Result<std::shared_ptr<HostBuffer>> bytes) {
-                                       if (profile) profile->Add("~PeerSend bytes read", std::chrono::steady_clock::now() - since);
-                                       if (!bytes.ok()) {
-                                         in_flight->fetch_sub(size);
-                                         peers->Offer(transfer, size, std::move(bytes));
-                                         return;
-                                       }
-                                       peers->Offer(transfer, size, Counted(std::move(bytes).value(), in_flight));
-                                     });
+    auto read = [peers, transfer, size, in_flight = async_bytes_, profile = profile_,
+                 since = std::chrono::steady_clock::now()](Result<std::shared_ptr<HostBuffer>> bytes) {
+      if (profile) profile->Add("~PeerSend bytes read", std::chrono::steady_clock::now() - since);
+      if (!bytes.ok()) {
+        in_flight->fetch_sub(size);
+        peers->Offer(transfer, size, std::move(bytes));
+        return;
+      }
+      peers->Offer(transfer, size, Counted(std::move(bytes).value(), in_flight));
+    };
+    Status st =
+        backend_->ReadToHost(req.stream, req.buffer, req.offset, req.size, req.wait, req.signal, std::move(read));
     if (st.code() != Code::kUnimplemented) {
       if (!st.ok()) {
         async_bytes_->fetch_sub(size);
@@ -483,20 +483,19 @@ Status Session::Call(const ir::PeerRecvReq& req, ir::PeerRecvRep*) {
   if (req.size <= kAsyncPeerBytes && TakeAsyncBytes(req.size)) {
     // The write is enqueued now and held until the bytes are here; this thread goes on.
     auto pending = backend_->WriteFromHost(req.stream, req.buffer, req.offset, req.size, req.wait, req.signal);
-    if (!pending.ok()) async_bytes_->fetch_sub(req.size);
     if (pending.ok()) {
       auto release = pending->release;
-      const uint64_t signal = req.signal;
-      auto into = Counted(std::move(pending->staging), async_bytes_);
-      Status st = peers_->Expect(req.peer, req.transfer, std::move(into),
-                                 [this, release, signal, since = std::chrono::steady_clock::now()](const Status& got) {
+      auto arrived = [this, release, signal = req.signal, since = std::chrono::steady_clock::now()](const Status& got) {
         if (profile_) profile_->Add("~PeerRecv bytes came", std::chrono::steady_clock::now() - since);
         if (!got.ok()) NoteAsyncFailure(ir::Opcode::kPeerRecv, signal, got);  // before the write is let go
         release(got);
-      });
+      };
+      Status st = peers_->Expect(req.peer, req.transfer, Counted(std::move(pending->staging), async_bytes_),
+                                 std::move(arrived));
       if (!st.ok()) release(st);
       return st;
     }
+    async_bytes_->fetch_sub(req.size);
     if (pending.status().code() != Code::kUnimplemented) return pending.status();
   }
   auto io = peers_->Sink(req.peer, req.transfer, req.size);
