@@ -149,6 +149,20 @@ Status ImportEvent(Session& from, uint64_t event, Session& to, uint32_t device, 
   return from.Flush();
 }
 
+uint64_t StandIns::On(Session& from, uint64_t event, Session& to, uint32_t device) {
+  for (const auto& [session, stand_in] : made_)
+    if (session == &to) return stand_in;
+  const uint64_t stand_in = Runtime::Get().NewHandle();
+  if (!ImportEvent(from, event, to, device, stand_in).ok()) return 0;
+  made_.emplace_back(&to, stand_in);
+  return stand_in;
+}
+
+void StandIns::Drop() {
+  for (const auto& [session, stand_in] : made_) session->Post(ir::EventDestroyReq{.event = stand_in});
+  made_.clear();
+}
+
 Status CopyBetweenServers(const CopyEnd& src, const CopyEnd& dst, uint64_t size, uint64_t signal) {
   if (!src.session || !dst.session) return Status(Code::kInternal, "CopyBetweenServers without a session");
   if (size == 0) return Status::Ok();

@@ -198,18 +198,12 @@ void SetEventStatus(cl_event e, cl_int status) {
 
 namespace {
 // The stand-in on q's server of e, an event of another server (a command's, or a user event,
-// which lives on the context's home server), made on first use (client::ImportEvent); 0 when
-// it cannot be: direct links are off, or e completes only once a reply reached this process.
+// which lives on the context's home server), made on first use; 0 when it cannot be: direct
+// links are off, or e completes only once a reply reached this process.
 uint64_t ImportedTo(cl_event e, cl_command_queue q) {
   if (e->completion == _cl_event::Completion::kHost || !e->bound) return 0;
-  client::Session& to = q->session();
   std::lock_guard lock(e->mu);
-  for (const auto& [session, stand_in] : e->imports)
-    if (session == &to) return stand_in;
-  const uint64_t stand_in = client::Runtime::Get().NewHandle();
-  if (!client::ImportEvent(e->session(), e->handle, to, q->device->remote->remote_index, stand_in).ok()) return 0;
-  e->imports.emplace_back(&to, stand_in);
-  return stand_in;
+  return e->imports.On(e->session(), e->handle, q->session(), q->device->remote->remote_index);
 }
 }  // namespace
 
@@ -438,7 +432,7 @@ _cl_event::~_cl_event() {
     m.events.erase(handle);
   }
   if (bound) session().Post(tandem::ir::EventDestroyReq{handle});
-  for (const auto& [session, stand_in] : imports) session->Post(tandem::ir::EventDestroyReq{stand_in});
+  imports.Drop();
   if (queue) queue->Unhold();
   context->Unhold();
 }

@@ -356,7 +356,7 @@ struct _cl_event : tandem::ocl::Object<_cl_event> {
   std::vector<Callback> callbacks;
   std::optional<std::array<cl_ulong, 4>> times;  // profiling, once complete
   // Stand-ins of this event on other servers, which wait lists there name (ImportedTo).
-  std::vector<std::pair<tandem::client::Session*, uint64_t>> imports;
+  tandem::client::StandIns imports;
 
   tandem::client::Session& session() const;
   ~_cl_event();

@@ -90,18 +90,18 @@ void FabricPeerLink::Offer(uint64_t transfer, uint64_t size, Result<std::shared_
   if (auto pull = pulls_.find(transfer); pull != pulls_.end()) {
     const Pull p = pull->second;
     pulls_.erase(pull);
-    if (p.size != size)
-      bytes = Status::Invalid(
-          fmt::format("PeerSend: transfer {:#x} is {} bytes here, the puller asked for {}", transfer, size, p.size));
-    QueueSend(p.peer, transfer, size, std::move(bytes));
+    QueueSend(p.peer, transfer, size, p.size, std::move(bytes));
     return;
   }
   offers_[transfer] = Offered{size, std::move(bytes), Clock::now()};
 }
 
-void FabricPeerLink::QueueSend(fabric::PeerId to, uint64_t transfer, uint64_t size,
+void FabricPeerLink::QueueSend(fabric::PeerId to, uint64_t transfer, uint64_t size, uint64_t pulled,
                                Result<std::shared_ptr<HostBuffer>> bytes) {
-  if (bytes.ok() && bytes.value()->size() < size)
+  if (pulled != size)
+    bytes = Status::Invalid(
+        fmt::format("PeerSend: transfer {:#x} is {} bytes here, the puller asked for {}", transfer, size, pulled));
+  else if (bytes.ok() && bytes.value()->size() < size)
     bytes = Status(Code::kInternal, fmt::format("PeerSend: a {}-byte buffer for a {}-byte transfer",
                                                 bytes.value()->size(), size));
   sends_.push_back(SendJob{to, transfer, std::move(bytes)});
@@ -175,20 +175,15 @@ void FabricPeerLink::SendTransfer(const SendJob& job) {
                                        job.bytes.status().message()});
     return;
   }
+  // The same chunks as a transfer through the executor, filled from the host buffer.
   HostBuffer& bytes = *job.bytes.value();
-  const size_t len = bytes.size();
-  for (size_t offset = 0; offset < len;) {
-    const size_t n = std::min(kChunk, len - offset);
-    ir::BatchWriter w(ir::BatchKind::kRequests);
-    uint8_t* into = w.AddRequestWithTail(ir::PeerDataReq{job.transfer, offset, {}}, n, 0);
-    std::memcpy(into, bytes.data() + offset, n);
-    Status st = endpoint_->Send(job.to, w.Finish());
-    if (!st.ok()) {
-      log::Warn("PeerSend: transfer {:#x} cut after {} bytes: {}", job.transfer, offset, st.ToString());
-      return;  // the puller sees the link go
-    }
-    offset += n;
-  }
+  PeerSource source(this, job.to, job.transfer, bytes.size());
+  Status st = source.Push({}, bytes.size(), [&](uint8_t* chunk, size_t offset, size_t n) {
+    std::memcpy(chunk, bytes.data() + offset, n);
+    return Status::Ok();
+  });
+  // The puller sees the link go.
+  if (!st.ok()) log::Warn("PeerSend: transfer {:#x} cut: {}", job.transfer, st.ToString());
 }
 
 Result<std::unique_ptr<BulkIO>> FabricPeerLink::Source(uint64_t transfer, uint64_t size) {
@@ -335,13 +330,8 @@ bool FabricPeerLink::TakeRecord(fabric::PeerId peer, const ir::Record& rec,
       ir::PeerPullReq pull;
       if (!ir::DecodeRequest(rec.payload, &pull).ok()) return false;
       if (auto o = offers_.find(pull.transfer); o != offers_.end()) {  // read already: send it
-        Result<std::shared_ptr<HostBuffer>> bytes = std::move(o->second.bytes);
-        if (o->second.size != pull.size)
-          bytes = Status::Invalid(fmt::format("PeerSend: transfer {:#x} is {} bytes here, the puller asked for {}",
-                                              pull.transfer, o->second.size, pull.size));
-        const uint64_t size = o->second.size;
+        QueueSend(peer, pull.transfer, o->second.size, pull.size, std::move(o->second.bytes));
         offers_.erase(o);
-        QueueSend(peer, pull.transfer, size, std::move(bytes));
         return true;
       }
       if (pulls_.size() >= kMaxPendingPulls) return false;
@@ -351,15 +341,14 @@ bool FabricPeerLink::TakeRecord(fabric::PeerId peer, const ir::Record& rec,
     case ir::Opcode::kPeerAbort: {
       ir::PeerAbortReq abort;
       if (!ir::DecodeRequest(rec.payload, &abort).ok()) return false;
+      const Status why(Code::kApiError, "the source server could not read the bytes: " + abort.message);
       auto it = expected_.find(abort.transfer);
       if (it == expected_.end() || it->second.from != peer) {
         auto in = inboxes_.find(abort.transfer);
-        if (in != inboxes_.end() && in->second.from == peer)
-          in->second.failed = Status(Code::kApiError, "the source server could not read the bytes: " + abort.message);
+        if (in != inboxes_.end() && in->second.from == peer) in->second.failed = why;
         return true;
       }
-      after->finished.emplace_back(std::move(it->second.done),
-                                   Status(Code::kApiError, "the source server could not read the bytes: " + abort.message));
+      after->finished.emplace_back(std::move(it->second.done), why);
       expected_.erase(it);
       return true;
     }
@@ -440,6 +429,21 @@ bool FabricPeerLink::TakeRecord(fabric::PeerId peer, const ir::Record& rec,
   }
 }
 
+// The `done` of every entry from `peer`, taken out of the table.
+template <class Table>
+auto FabricPeerLink::TakeFrom(Table& table, fabric::PeerId peer) {
+  std::vector<decltype(table.begin()->second.done)> taken;
+  for (auto it = table.begin(); it != table.end();) {
+    if (it->second.from == peer) {
+      taken.push_back(std::move(it->second.done));
+      it = table.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return taken;
+}
+
 void FabricPeerLink::OnPeerLost(fabric::PeerId peer, const Status& why) {
   std::unique_lock<std::mutex> lock(mu_);
   for (auto it = connections_.begin(); it != connections_.end();) {
@@ -452,25 +456,9 @@ void FabricPeerLink::OnPeerLost(fabric::PeerId peer, const Status& why) {
   std::erase_if(pulls_, [&](const auto& p) { return p.second.peer == peer; });
   std::erase_if(exports_, [&](const auto& e) { return e.second.watcher == peer; });
   std::erase_if(sends_, [&](const SendJob& j) { return j.to == peer; });
-  std::vector<std::function<void(const Status&)>> cut;
-  for (auto it = expected_.begin(); it != expected_.end();) {
-    if (it->second.from == peer) {
-      cut.push_back(std::move(it->second.done));
-      it = expected_.erase(it);
-    } else {
-      ++it;
-    }
-  }
+  auto cut = TakeFrom(expected_, peer);
   // Whatever waits on that worker's events fails instead of waiting for ever.
-  std::vector<std::function<void(int32_t)>> lost;
-  for (auto it = imports_.begin(); it != imports_.end();) {
-    if (it->second.from == peer) {
-      lost.push_back(std::move(it->second.done));
-      it = imports_.erase(it);
-    } else {
-      ++it;
-    }
-  }
+  auto lost = TakeFrom(imports_, peer);
   cv_.notify_all();
   lock.unlock();
   for (auto& done : lost) done(-(ir::kEventFailedTandem + static_cast<int32_t>(Code::kServerLost)));

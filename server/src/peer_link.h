@@ -133,7 +133,11 @@ class FabricPeerLink final : public PeerLink {
   template <class Req>
   bool SendAlone(fabric::PeerId peer, const Req& req);
   // A pulled transfer whose bytes are ready goes to the sender thread. mu_ held.
-  void QueueSend(fabric::PeerId to, uint64_t transfer, uint64_t size, Result<std::shared_ptr<HostBuffer>> bytes);
+  // `pulled`: the size the puller asked for (a mismatch fails the transfer).
+  void QueueSend(fabric::PeerId to, uint64_t transfer, uint64_t size, uint64_t pulled,
+                 Result<std::shared_ptr<HostBuffer>> bytes);
+  template <class Table>
+  static auto TakeFrom(Table& table, fabric::PeerId peer);
   // The sender thread: sends queued transfers, and fails expected transfers (and forgets
   // offers) that outlived the timeout.
   void SendLoop();

@@ -137,11 +137,7 @@ struct Event {
   bool recorded = false;  // an event never recorded is complete, as in CUDA
   // Stand-ins of its current record on other servers, for their streams to wait on (made by
   // cudaStreamWaitEvent, dropped when the event is recorded again or destroyed).
-  std::vector<std::pair<client::Session*, uint64_t>> imports;
-  void DropImports() {
-    for (const auto& [session, stand_in] : imports) session->Post(ir::EventDestroyReq{.event = stand_in});
-    imports.clear();
-  }
+  client::StandIns imports;
 };
 
 class Frontend {

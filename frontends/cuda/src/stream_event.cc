@@ -259,17 +259,7 @@ TANDEM_API cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t even
   if (&ed->session() != &d->session()) {
     // Another server's event: the stream waits on its stand-in there, completed server to
     // server; with direct links off, this thread waits for the event instead.
-    wait = 0;
-    for (const auto& [session, stand_in] : ev.imports)
-      if (session == &d->session()) wait = stand_in;
-    if (!wait) {
-      const uint64_t stand_in = client::Runtime::Get().NewHandle();
-      if (client::ImportEvent(ed->session(), ev.handle, d->session(), static_cast<uint32_t>(d->remote()), stand_in)
-              .ok()) {
-        ev.imports.emplace_back(&d->session(), stand_in);
-        wait = stand_in;
-      }
-    }
+    wait = ev.imports.On(ed->session(), ev.handle, d->session(), static_cast<uint32_t>(d->remote()));
     auto& waits = d->foreign_waits[s.handle];
     const std::pair<client::Session*, uint64_t> waited{&ed->session(), ev.handle};
     if (std::find(waits.begin(), waits.end(), waited) == waits.end()) waits.push_back(waited);
@@ -345,7 +335,7 @@ TANDEM_API cudaError_t cudaEventDestroy(cudaEvent_t event) {
   DeviceContext* d = nullptr;
   TANDEM_RETURN_CUDA_IF_ERROR(Return(f.Device(it->second->device, &d)));
   d->session().Post(ir::EventDestroyReq{.event = it->second->handle});
-  it->second->DropImports();
+  it->second->imports.Drop();
   // Copies must not name it any more.
   for (DeviceContext* dev : f.known())
     for (auto& [stream, waits] : dev->foreign_waits)
@@ -365,7 +355,7 @@ TANDEM_API cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   if (d->index != it->second->device) return Return(cudaErrorInvalidResourceHandle);
   d->session().Post(ir::MarkerReq{.stream = s.handle, .barrier = 0, .wait = {}, .signal = it->second->handle});
   it->second->recorded = true;
-  it->second->DropImports();  // they stand for the previous record
+  it->second->imports.Drop();  // they stand for the previous record
   return cudaSuccess;
 }
 

@@ -117,42 +117,38 @@ Status CudaBackend::CallWhenDone(const Queue& q, std::optional<uint64_t> event, 
 // Cross-server event waits: the exported event's completion, reported without blocking, and
 // also after a device error (cuStreamAddCallback runs then; cuLaunchHostFunc would not).
 Status CudaBackend::NotifyWhenDone(uint64_t event, std::function<void(int32_t status)> done) {
-  uint32_t device = 0;
-  if (auto it = events_.find(event); it != events_.end()) {
-    device = it->second.device;
-  } else {
-    std::lock_guard<std::mutex> lock(user_mu_);
-    auto u = user_events_.find(event);
-    if (u == user_events_.end()) return Status::Unknown(fmt::format("EventExport: unknown event {}", event));
-    device = u->second.device;
-  }
-  TANDEM_RETURN_IF_ERROR(Enter(device));
-  return CallWhenDone(Queue{device, nullptr}, event, std::move(done));
+  auto device = EventDevice(event, "EventExport");
+  if (!device.ok()) return device.status();
+  TANDEM_RETURN_IF_ERROR(Enter(device.value()));
+  return CallWhenDone(Queue{device.value(), nullptr}, event, std::move(done));
 }
 
-Result<CudaBackend::Queue> CudaBackend::PeerQueue(uint64_t stream, const Span& span, const ir::u64s& wait,
-                                                  const char* what) {
-  auto q = ResolveStream(stream, span.device);
+// What both halves start with: the device memory, its stream (after `wait`), and a pinned
+// buffer for the bytes.
+Result<CudaBackend::PeerStart> CudaBackend::StartPeer(uint64_t stream, uint64_t buffer, uint64_t offset,
+                                                      uint64_t size, const ir::u64s& wait, const char* what) {
+  auto span = Resolve(buffer, offset, size, what);
+  if (!span.ok()) return span.status();
+  auto q = ResolveStream(stream, span->device);
   if (!q.ok()) return q.status();
-  if (q->device != span.device)
+  if (q->device != span->device)
     return Status::Invalid(
-        fmt::format("{}: stream {} is on device {}, the memory on device {}", what, stream, q->device, span.device));
+        fmt::format("{}: stream {} is on device {}, the memory on device {}", what, stream, q->device, span->device));
   TANDEM_RETURN_IF_ERROR(WaitEvents(*q, wait));
-  return q;
+  auto host = Pinned(q->device, size);
+  if (!host.ok()) return host.status();
+  return PeerStart{span->address, q.value(), std::move(host).value()};
 }
 
 Status CudaBackend::ReadToHost(uint64_t stream, uint64_t buffer, uint64_t offset, uint64_t size, const ir::u64s& wait,
                                uint64_t signal, std::function<void(Result<std::shared_ptr<HostBuffer>>)> done) {
-  auto src = Resolve(buffer, offset, size, "PeerSend");
-  if (!src.ok()) return src.status();
-  auto q = PeerQueue(stream, *src, wait, "PeerSend");
-  if (!q.ok()) return q.status();
-  auto host = Pinned(q->device, size);
-  if (!host.ok()) return host.status();
+  auto p = StartPeer(stream, buffer, offset, size, wait, "PeerSend");
+  if (!p.ok()) return p.status();
+  const Queue* q = &p->queue;
   TANDEM_RETURN_IF_ERROR(
-      Check(q->device, drv_->cuMemcpyDtoHAsync(host.value()->data(), src->address, size, q->stream), "cuMemcpyDtoHAsync"));
+      Check(q->device, drv_->cuMemcpyDtoHAsync(p->host->data(), p->address, size, q->stream), "cuMemcpyDtoHAsync"));
   TANDEM_RETURN_IF_ERROR(Signal(*q, signal));
-  return CallWhenDone(*q, std::nullopt, [bytes = std::move(host).value(), done = std::move(done)](int32_t status) {
+  return CallWhenDone(*q, std::nullopt, [bytes = p->host, done = std::move(done)](int32_t status) {
     if (status != ir::kEventComplete)
       done(Status(Code::kApiError, fmt::format("the copy of a server-to-server transfer's source failed ({})", -status),
                   -status, Api::kCuda));
@@ -163,22 +159,19 @@ Status CudaBackend::ReadToHost(uint64_t stream, uint64_t buffer, uint64_t offset
 
 Result<PendingWrite> CudaBackend::WriteFromHost(uint64_t stream, uint64_t buffer, uint64_t offset, uint64_t size,
                                                 const ir::u64s& wait, uint64_t signal) {
-  auto dst = Resolve(buffer, offset, size, "PeerRecv");
-  if (!dst.ok()) return dst.status();
-  auto q = PeerQueue(stream, *dst, wait, "PeerRecv");
-  if (!q.ok()) return q.status();
-  auto host = Pinned(q->device, size);
-  if (!host.ok()) return host.status();
+  auto p = StartPeer(stream, buffer, offset, size, wait, "PeerRecv");
+  if (!p.ok()) return p.status();
+  const Queue* q = &p->queue;
   auto word = NewUserFlag(q->device);
   if (!word.ok()) return word.status();
   TANDEM_RETURN_IF_ERROR(WaitUserFlag(*q, word.value()));
   TANDEM_RETURN_IF_ERROR(
-      Check(q->device, drv_->cuMemcpyHtoDAsync(dst->address, host.value()->data(), size, q->stream), "cuMemcpyHtoDAsync"));
+      Check(q->device, drv_->cuMemcpyHtoDAsync(p->address, p->host->data(), size, q->stream), "cuMemcpyHtoDAsync"));
   TANDEM_RETURN_IF_ERROR(Signal(*q, signal));
   // The buffer stays until the copy has read it.
-  TANDEM_RETURN_IF_ERROR(CallWhenDone(*q, std::nullopt, [keep = host.value()](int32_t) {}));
+  TANDEM_RETURN_IF_ERROR(CallWhenDone(*q, std::nullopt, [keep = p->host](int32_t) {}));
   PendingWrite pending;
-  pending.staging = std::move(host).value();
+  pending.staging = p->host;
   // A failed transfer lets the stream go on too (the session reports the failure): the copy
   // that was enqueued cannot be taken back.
   pending.release = [flag = word.value()](const Status&) { __atomic_store_n(flag, 1u, __ATOMIC_RELEASE); };

@@ -188,6 +188,8 @@ class CudaBackend final : public Backend {
   Status WaitEvents(const Queue& q, const std::vector<uint64_t>& wait);
   Status Signal(const Queue& q, uint64_t signal);
   bool IsUserEvent(uint64_t event);
+  // The device of an event, real or user (`what` names the command in the error).
+  Result<uint32_t> EventDevice(uint64_t event, const char* what);
   Result<uint32_t*> NewUserFlag(uint32_t device);
   Status WaitUserFlag(const Queue& q, uint32_t* flag);
   void ReleaseUserFlags(uint32_t device);
@@ -197,7 +199,13 @@ class CudaBackend final : public Backend {
 
   // cuda_async.cc: completions reported by host callbacks, pinned buffers of async transfers.
   Status CallWhenDone(const Queue& q, std::optional<uint64_t> event, std::function<void(int32_t)> fn);
-  Result<Queue> PeerQueue(uint64_t stream, const Span& span, const ir::u64s& wait, const char* what);
+  struct PeerStart {
+    CUdeviceptr address;
+    Queue queue;
+    std::shared_ptr<HostBuffer> host;
+  };
+  Result<PeerStart> StartPeer(uint64_t stream, uint64_t buffer, uint64_t offset, uint64_t size, const ir::u64s& wait,
+                              const char* what);
   Result<std::shared_ptr<HostBuffer>> Pinned(uint32_t device, size_t n);
   void FreePinned();
 

@@ -37,6 +37,14 @@ Result<CudaBackend::Queue> CudaBackend::ResolveStream(uint64_t stream, uint32_t 
   return q;
 }
 
+Result<uint32_t> CudaBackend::EventDevice(uint64_t event, const char* what) {
+  if (auto it = events_.find(event); it != events_.end()) return it->second.device;
+  std::lock_guard<std::mutex> lock(user_mu_);
+  auto u = user_events_.find(event);
+  if (u == user_events_.end()) return Status::Unknown(fmt::format("{}: unknown event {}", what, event));
+  return u->second.device;
+}
+
 bool CudaBackend::IsUserEvent(uint64_t event) {
   std::lock_guard<std::mutex> lock(user_mu_);
   return user_events_.contains(event);
@@ -163,14 +171,9 @@ Status CudaBackend::OnMarker(const ir::MarkerReq& req, ir::MarkerRep*) {
     // The default stream of the device of the events involved.
     const uint64_t any = req.signal ? req.signal : (req.wait.empty() ? 0 : req.wait.front());
     if (any == 0) return Status::Ok();
-    if (auto it = events_.find(any); it != events_.end()) {
-      device = it->second.device;
-    } else {
-      std::lock_guard<std::mutex> lock(user_mu_);
-      auto u = user_events_.find(any);
-      if (u == user_events_.end()) return Status::Unknown(fmt::format("Marker: unknown event {}", any));
-      device = u->second.device;
-    }
+    auto d = EventDevice(any, "Marker");
+    if (!d.ok()) return d.status();
+    device = d.value();
   }
   auto q = ResolveStream(req.stream, device);
   if (!q.ok()) return q.status();

@@ -172,6 +172,20 @@ Status CopyBetweenServers(const CopyEnd& src, const CopyEnd& dst, uint64_t size,
 // waits for the event itself. The caller destroys the stand-in (EventDestroy on `to`).
 Status ImportEvent(Session& from, uint64_t event, Session& to, uint32_t device, uint64_t stand_in);
 
+// The stand-ins of one event on other sessions (ImportEvent), made once per session and
+// destroyed together: when the event goes, or (CUDA) is recorded again. The owner locks.
+class StandIns {
+ public:
+  // The stand-in of `event` (of `from`) on `to`'s device `device`, made on first use; 0 when
+  // it cannot be (direct links are off): the caller then waits for the event itself.
+  uint64_t On(Session& from, uint64_t event, Session& to, uint32_t device);
+  // Destroys every stand-in (EventDestroy on its session).
+  void Drop();
+
+ private:
+  std::vector<std::pair<Session*, uint64_t>> made_;
+};
+
 // Parses TANDEM_SERVERS ("host:port[,host:port...]"). Exposed for tests and `tandem info`.
 std::vector<std::string> ParseServerList(const std::string& list);
 
