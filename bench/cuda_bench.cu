@@ -5,6 +5,9 @@
 // TANDEM_BENCH_QUICK=1: few repetitions, sizes up to 1 MiB (a smoke run).
 //   cuda_bench          launch, copy latency, bandwidth, idle read-back
 //   cuda_bench --idle   only the warm and idle read-backs (run again with keepalive off)
+//   cuda_bench --idle-busy  the same, the program's thread busy-waiting through each gap
+//                       instead of sleeping: what is left of the idle cost then is the
+//                       link's and the GPU's, not the program's CPU going idle
 //   cuda_bench --s2s    only device 0 -> device 1 copies: cudaMemcpyPeer against a relay
 //                       through pinned host memory (needs two devices, else n/a rows)
 // Every CUDA call of the first two modes is checked and any error exits 1; in --s2s mode
@@ -128,7 +131,10 @@ void Bandwidth(void* dev, bool pinned, const char* label, size_t bytes, int reps
   if (pinned) CK(cudaFreeHost(host));
 }
 
-// A small read back after the link has been idle for a while.
+// A small read back after the link has been idle for a while (the thread sleeping through
+// the gap, or busy-waiting with busy_gap).
+bool busy_gap = false;
+
 void IdleReadback(void* dev) {
   int v = 0;
   std::vector<double> warm;
@@ -143,7 +149,13 @@ void IdleReadback(void* dev) {
   for (Gap g : {Gap{0.1, "0.1ms", 50}, Gap{1, "1ms", 50}, Gap{5, "5ms", 40}, Gap{20, "20ms", 30}, Gap{100, "100ms", 20}}) {
     std::vector<double> t;
     for (int r = 0; r < Reps(g.reps, 3); ++r) {
-      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(g.ms));
+      const auto gap = std::chrono::duration<double, std::milli>(g.ms);
+      if (busy_gap) {
+        for (auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(gap); Clock::now() < until;) {
+        }
+      } else {
+        std::this_thread::sleep_for(gap);
+      }
       auto t0 = Clock::now();
       CK(cudaMemcpy(&v, dev, sizeof v, cudaMemcpyDeviceToHost));
       t.push_back(Us(t0, Clock::now()));
@@ -250,8 +262,12 @@ int main(int argc, char** argv) {
   const char* q = std::getenv("TANDEM_BENCH_QUICK");
   quick = q && *q && std::strcmp(q, "0") != 0;
   std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "--idle-busy") {
+    busy_gap = true;
+    mode = "--idle";
+  }
   if (mode != "" && mode != "--idle" && mode != "--s2s") {
-    std::fprintf(stderr, "usage: cuda_bench [--idle | --s2s]\n");
+    std::fprintf(stderr, "usage: cuda_bench [--idle | --idle-busy | --s2s]\n");
     return 2;
   }
   if (mode == "--s2s") return PeerMain();

@@ -10,11 +10,16 @@
 # tandemd --inject-bitflip-per-s FLIPS/T1 (a Poisson process in time). A T3 run in which no
 # flip landed measures nothing and is run again. T3 is the mean of T3_REPS (default 1) runs
 # with flips; the table gives their flips/runs and the cost of one flip, (T3 - T2) / (flips/run).
+# On a machine with one GPU both replicas' tandemd share it; there every run (T0 included)
+# goes through NVIDIA's MPS (scripts/lib/mps.sh), without which the driver time-slices the two
+# servers and T2 would measure two copies of the work instead of fault tolerance. FT_MPS=0
+# leaves MPS off.
 #   bash bench/ft_overhead.sh BUILD_DIR OUT_DIR [STEPS]
 set -uo pipefail
 BUILD=$1 OUT=$2 STEPS=${3:-200000}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$HERE/../scripts/lib/tandemd.sh"
+source "$HERE/../scripts/lib/mps.sh"
 TANDEMD=$BUILD/server/tandemd TANDEM=$BUILD/tools/tandem REMD=$BUILD/examples/cuda/remd
 FLIPS=${FLIPS:-1}
 mkdir -p "$OUT"
@@ -24,15 +29,20 @@ nvidia-smi -L 2>/dev/null | grep -q '^GPU' || { log "no GPU"; exit 77; }
 gpus=$(nvidia-smi -L | grep -c '^GPU')
 # server() runs in $(...): it records its tandemd's pid in a file the exit trap reads.
 : >"$OUT/pids"
-cleanup() { local p; while read -r p; do stop_tandemd "$p"; done <"$OUT/pids"; rm -f "$OUT/pids"; }
+cleanup() { local p; while read -r p; do stop_tandemd "$p"; done <"$OUT/pids"; rm -f "$OUT/pids"; mps_stop; }
 trap cleanup EXIT
 unset TANDEM_SERVERS TANDEM_REDUNDANCY TANDEM_SPARE_SERVERS TANDEM_CHECKPOINT_PERIOD LD_PRELOAD
+mps=off
+if ((gpus < 2)) && [[ ${FT_MPS:-1} != 0 ]]; then
+  if mps_start; then mps=on; else log "MPS did not start: the two replicas time-slice the GPU"; fi
+fi
 
 # server NAME GPU [options]: echoes host:port
 server() {
   local name=$1 gpu=$2 port; shift 2
   port=$(free_port)
-  setsid "$TANDEMD" --listen 127.0.0.1:$port --backend cuda --devices "$gpu" "$@" >"$OUT/tandemd-$name.log" 2>&1 &
+  # shellcheck disable=SC2086
+  env $MPS_ENV setsid "$TANDEMD" --listen 127.0.0.1:$port --backend cuda --devices "$gpu" "$@" >"$OUT/tandemd-$name.log" 2>&1 &
   echo $! >>"$OUT/pids"
   for _ in $(seq 1 100); do
     TANDEM_CONNECT_TIMEOUT_MS=2000 "$TANDEM" info --servers 127.0.0.1:$port >/dev/null 2>&1 && { echo 127.0.0.1:$port; return 0; }
@@ -45,7 +55,8 @@ seconds() { grep -o '^time: [0-9.]* s for' "$1" | grep -o '[0-9.]*' | head -1; }
 run() {
   local name=$1; shift
   if [[ $name == T0 ]]; then
-    timeout 1200 "$REMD" --steps "$STEPS" >"$OUT/$name.out" 2>"$OUT/$name.err"
+    # shellcheck disable=SC2086
+    env $MPS_ENV timeout 1200 "$REMD" --steps "$STEPS" >"$OUT/$name.out" 2>"$OUT/$name.err"
   else
     env TANDEM_STATS=1 TANDEM_FAILOVER_TIMEOUT_MS=60000 "$@" timeout 1200 "$TANDEM" run -- "$REMD" --steps "$STEPS" \
       >"$OUT/$name.out" 2>"$OUT/$name.err"
@@ -64,7 +75,7 @@ T0=$(seconds "$OUT/T0.out") T1=$(seconds "$OUT/T1.out")
 lambda=$(awk -v f="$FLIPS" -v t="$T1" 'BEGIN { printf "%.6f", f / t }')
 fa=$(server flip-a 0 --inject-bitflip-per-s "$lambda") && fb=$(server flip-b "$g1") || exit 1
 {
-  echo "REMD ${STEPS} steps; GPUs on this machine: $gpus; replicas on GPU 0 and GPU $g1; flips: lambda=$lambda/s (~$FLIPS per run)"
+  echo "REMD ${STEPS} steps; GPUs on this machine: $gpus; replicas on GPU 0 and GPU $g1 (MPS $mps); flips: lambda=$lambda/s (~$FLIPS per run)"
   printf "%-8s %10s %10s %10s %10s %10s %10s %6s %10s %12s\n" period T0_s T1_s T2_s T3_s T2/T1 T3/T1 flips rollbacks s_per_flip
 } | tee "$OUT/ft_overhead.txt"
 flipped() { grep -c 'fault injection: flipped' "$OUT/tandemd-flip-a.log"; }

@@ -14,7 +14,9 @@
 #   tandem(shm)     the Tandem half again over the shm provider (see TANDEM_BENCH_SHM)
 #   workloads       examples/opencl/{advection,multi_matmul} (--devices 4, four servers; on a GPU also
 #                   at n = 8192) and
-#                   examples/cuda/remd (one and two servers) when built; skipped otherwise
+#                   examples/cuda/remd (one and two servers) when built; skipped otherwise. With one
+#                   GPU, remd_2srv_mps again with both servers (and the native run) on NVIDIA's
+#                   MPS, as the two servers would run on two GPUs (scripts/lib/mps.sh)
 # and the raw fabric limit (tandem_fabric_pingpong) of each provider used.
 # Environment:
 #   TANDEM_BENCH_QUICK=1        tiny repetition counts, sizes up to 1 MiB, no workloads
@@ -34,6 +36,7 @@ fi
 TANDEMD=$1 TANDEM=$2 BUILD=$3 OUT=${4:-$PWD/bench-out}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$HERE/../scripts/lib/tandemd.sh"
+source "$HERE/../scripts/lib/mps.sh"
 QUICK=${TANDEM_BENCH_QUICK:-0}
 [[ $QUICK == 0 || -z $QUICK ]] && QUICK=0 || QUICK=1
 export TANDEM_BENCH_QUICK=$QUICK
@@ -54,6 +57,7 @@ server_pids=()
 cleanup() {
   local pid
   for pid in "${server_pids[@]}"; do stop_tandemd "$pid"; done
+  mps_stop
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -92,15 +96,17 @@ prov_env() {
 }
 
 # start_server BACKEND PROVIDER: starts one more tandemd on a free loopback port; sets $server.
+# BACKEND cuda-mps: a CUDA server on MPS (mps_start first).
 declare -A servers=()  # "backend provider" -> host:port,host:port,...
 start_server() {
-  local backend=$1 prov=$2 port pid name
+  local backend=$1 prov=$2 port pid name mps_env=""
   port=$(free_port)
   server=127.0.0.1:$port
   name=$backend-${prov//[^A-Za-z0-9]/_}-$port
-  # shellcheck disable=SC2046 # prov_env's words are separate assignments
-  env $(prov_env "$prov") OCL_ICD_VENDORS="$vendors" OCL_ICD_FILENAMES="$ocl_libs" \
-    setsid "$TANDEMD" --listen "$server" --backend "$backend" >"$OUT/tandemd-$name.log" 2>&1 &
+  [[ $backend == *-mps ]] && mps_env=$MPS_ENV
+  # shellcheck disable=SC2046,SC2086 # prov_env's words are separate assignments
+  env $(prov_env "$prov") $mps_env OCL_ICD_VENDORS="$vendors" OCL_ICD_FILENAMES="$ocl_libs" \
+    setsid "$TANDEMD" --listen "$server" --backend "${backend%-mps}" >"$OUT/tandemd-$name.log" 2>&1 &
   pid=$!
   server_pids+=("$pid")
   for _ in $(seq 1 100); do
@@ -140,10 +146,13 @@ check() {
   if ((bad > 0)); then fail "$1: $bad unparsable line(s)"; grep -vE "$line_re" "$1" | head -5 >&2; return 1; fi
 }
 
-# run_native NAME PROGRAM ARGS...: stdout to NAME.txt, stderr to NAME.log.
+# run_native NAME PROGRAM ARGS...: stdout to NAME.txt, stderr to NAME.log; with the
+# assignments in NATIVE_ENV when a caller sets it.
+NATIVE_ENV=""
 run_native() {
   local name=$1; shift
-  OCL_ICD_VENDORS=$vendors OCL_ICD_FILENAMES=$ocl_libs timeout -k 5 "$RUN_TIMEOUT" "$@" \
+  # shellcheck disable=SC2086
+  env $NATIVE_ENV OCL_ICD_VENDORS=$vendors OCL_ICD_FILENAMES=$ocl_libs timeout -k 5 "$RUN_TIMEOUT" "$@" \
     >"$OUT/$name.txt" 2>"$OUT/$name.log"
 }
 # run_tandem NAME PROVIDER SERVERS RUNFLAGS PROGRAM ARGS...: the same through `tandem run`
@@ -251,6 +260,8 @@ workload() {
   [[ -x $1 ]] || return 0
   local RUN_TIMEOUT=$WORK_TIMEOUT
   log "workload $name: native"
+  local NATIVE_ENV=""  # run_native's, for this call
+  [[ $backend == *-mps ]] && NATIVE_ENV=$MPS_ENV
   run_native "work-$name-native" "$@"; rc=$?
   local nat_why="" tan_why=""
   ((rc)) && nat_why="($(reason "work-$name-native" $rc))"
@@ -278,6 +289,9 @@ else
     workload multi_matmul_4dev_n8192 opencl 4 --no-cuda "$BUILD/examples/opencl/multi_matmul" --devices 4 --n 8192
     workload remd cuda 1 "" "$BUILD/examples/cuda/remd"
     workload remd_2srv cuda 2 "" "$BUILD/examples/cuda/remd"
+    if (($(nvidia-smi -L | grep -c '^GPU') == 1)) && mps_start; then
+      workload remd_2srv_mps cuda-mps 2 "" "$BUILD/examples/cuda/remd"
+    fi
   fi
 fi
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The confirming run on the 2-GPU machine kind: DS-CUDA's fault-tolerance overhead table on
-# the REMD example (bench/ft_overhead.sh, one replica per GPU) and the server-to-server copy
-# rows of the benchmark with the two servers on different GPUs. Builds only what it needs.
-#   device tool: run(command="bash scripts/gpu-ft-bench.sh", kind="nvidia-h200-x2", carry=[".deps"])
+# DS-CUDA's fault-tolerance overhead table on the REMD example (bench/ft_overhead.sh): one
+# replica per GPU on the 2-GPU kind, both replicas on the one GPU through MPS otherwise.
+# Builds only what it needs.
+#   device tool: run(command="bash scripts/gpu-ft-bench.sh", carry=[".deps"])
+#                (or kind="nvidia-h200-x2" for the confirming run on two GPUs)
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT=${OUT:-$ROOT/gpu-out}
