@@ -143,6 +143,8 @@ Result<Broker::Spawned> Broker::SpawnWorker(uint64_t key, bool probe) {
     args.insert(args.end(), {"--inject-bitflip-per-s", fmt::format("{}", opt_.inject.bitflip_per_s)});
   if (opt_.inject.stall_after) args.insert(args.end(), {"--inject-stall-after", std::to_string(opt_.inject.stall_after)});
   if (opt_.inject.exit_after) args.insert(args.end(), {"--inject-exit-after", std::to_string(opt_.inject.exit_after)});
+  if (opt_.inject.cut_bulk_every)
+    args.insert(args.end(), {"--inject-cut-bulk-every", std::to_string(opt_.inject.cut_bulk_every)});
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);

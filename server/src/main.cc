@@ -88,6 +88,9 @@ int main(int argc, char** argv) {
       ->excludes("--inject-bitflip");
   app.add_option("--inject-stall-after", inject.stall_after, "each session stops answering after this many commands");
   app.add_option("--inject-exit-after", inject.exit_after, "each session's worker dies after this many commands");
+  app.add_option("--inject-cut-bulk-every", inject.cut_bulk_every,
+                 "each session's worker drops its client's connection while every N-th RMA transfer with it is "
+                 "under way (the client must resume the session and the transfer be done again)");
   // The worker role: started by the broker itself, never by users.
   WorkerOptions w;
   bool worker = false;

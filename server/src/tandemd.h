@@ -19,7 +19,9 @@ struct InjectOptions {
   double bitflip_per_s = 0;  // or flips a second, a Poisson process (at the next read back)
   uint64_t stall_after = 0;  // 0: never; else stop answering anything after this many commands
   uint64_t exit_after = 0;   // 0: never; else the worker dies after this many commands
-  bool any() const { return bitflip_rate > 0 || bitflip_per_s > 0 || stall_after || exit_after; }
+  uint64_t cut_bulk_every = 0;  // 0: never; else the worker drops the client's connection as
+                                // every N-th bulk (RMA) transfer with it is under way
+  bool any() const { return bitflip_rate > 0 || bitflip_per_s > 0 || stall_after || exit_after || cut_bulk_every; }
 };
 
 struct BrokerOptions {

@@ -166,12 +166,15 @@ class ClientLink {
 // chunks land at the same offsets, so doing it again is harmless).
 class ClientBulk : public BulkIO {
  public:
-  ClientBulk(fabric::Endpoint* endpoint, fabric::Millis op_timeout, fabric::Millis grace)
-      : endpoint_(endpoint), op_timeout_(op_timeout), grace_(grace) {}
+  // cut_every (--inject-cut-bulk-every, tests only): the client's connection is dropped in
+  // the middle of every N-th transfer, at its first chunk.
+  ClientBulk(fabric::Endpoint* endpoint, fabric::Millis op_timeout, fabric::Millis grace, uint64_t cut_every)
+      : endpoint_(endpoint), op_timeout_(op_timeout), grace_(grace), cut_every_(cut_every) {}
   void Connect(fabric::PeerId peer) {
     auto bulk = std::make_shared<FabricBulk>(endpoint_, peer, op_timeout_);
     std::lock_guard<std::mutex> lock(mu_);
     current_ = std::move(bulk);
+    peer_ = peer;
     cv_.notify_all();
   }
   void Lost() {
@@ -181,14 +184,42 @@ class ClientBulk : public BulkIO {
   }
   Status Pull(const ir::Region& remote, size_t len,
               const std::function<Status(const uint8_t* chunk, size_t offset, size_t n)>& sink) override {
-    return Run([&](FabricBulk& b) { return b.Pull(remote, len, sink); });
+    bool cut = CutThisOne();
+    return Run([&](FabricBulk& b) {
+      return b.Pull(remote, len, [&](const uint8_t* chunk, size_t offset, size_t n) {
+        if (cut) cut = CutNow();  // the chunks after this one are already being read
+        return sink(chunk, offset, n);
+      });
+    });
   }
   Status Push(const ir::Region& remote, size_t len,
               const std::function<Status(uint8_t* chunk, size_t offset, size_t n)>& source) override {
-    return Run([&](FabricBulk& b) { return b.Push(remote, len, source); });
+    bool cut = CutThisOne();
+    return Run([&](FabricBulk& b) {
+      return b.Push(remote, len, [&](uint8_t* chunk, size_t offset, size_t n) {
+        if (cut) cut = CutNow();  // before this chunk's RMA write is posted
+        return source(chunk, offset, n);
+      });
+    });
   }
 
  private:
+  bool CutThisOne() { return cut_every_ && ++transfers_ % cut_every_ == 0; }
+  // Fault injection: drops the client's connection as a link loss would (the client sees it
+  // closed, reconnects and resumes; the transfer under way fails and is done again). False:
+  // the cut is done.
+  bool CutNow() {
+    fabric::PeerId peer;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!current_) return false;
+      peer = peer_;
+    }
+    log::Warn("fault injection: dropping the client's connection during bulk transfer {} (--inject-cut-bulk-every)",
+              transfers_.load());
+    endpoint_->Close(peer);
+    return false;
+  }
   Status Run(const std::function<Status(FabricBulk&)>& transfer) {
     std::shared_ptr<FabricBulk> bulk;
     {
@@ -215,9 +246,12 @@ class ClientBulk : public BulkIO {
   fabric::Endpoint* endpoint_;
   fabric::Millis op_timeout_;
   fabric::Millis grace_;
+  const uint64_t cut_every_;
+  std::atomic<uint64_t> transfers_{0};
   std::mutex mu_;
   std::condition_variable cv_;
   std::shared_ptr<FabricBulk> current_;
+  fabric::PeerId peer_ = 0;
 };
 
 // How long the executor and the waiter look for work before they sleep: as long as the
@@ -443,7 +477,7 @@ int RunWorker(const WorkerOptions& opt) {
   session.set_faults(FaultInjection{.bitflip_rate = opt.inject.bitflip_rate, .bitflip_per_s = opt.inject.bitflip_per_s, .seed = 0});
   ClientLink link(ep.get());
   Executor executor(&session, &link, ep.get(), opt.inject);
-  ClientBulk bulk(ep.get(), opt.session_timeout, opt.session_grace);
+  ClientBulk bulk(ep.get(), opt.session_timeout, opt.session_grace, opt.inject.cut_bulk_every);
   bool attached = false;
   bool connected = false;  // false while a resumable client's link is down
   fabric::PeerId client = 0;

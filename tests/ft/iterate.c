@@ -2,7 +2,9 @@
  * device across hundreds of rounds; each round runs a kernel and reads a small window back,
  * and every 25 rounds it prints a checksum. Exact integer arithmetic, so the output is the
  * same bytes on every correct run. An ordinary OpenCL 1.2 program: nothing Tandem-specific.
- *   iterate [--rounds N] [--n ELEMENTS] [--sleep-ms MS]   (sleep between rounds) */
+ * With --bulk-every K, every K-th round also overwrites half of the state from the host
+ * and reads the whole state back (transfers large enough to go by RMA through Tandem).
+ *   iterate [--rounds N] [--n ELEMENTS] [--sleep-ms MS] [--bulk-every K] */
 #define CL_TARGET_OPENCL_VERSION 120
 #include <CL/cl.h>
 #include <stdint.h>
@@ -38,12 +40,17 @@ static uint64_t Fnv(const uint32_t* v, size_t n) {
 }
 
 int main(int argc, char** argv) {
-  int rounds = 300, sleep_ms = 0;
+  int rounds = 300, sleep_ms = 0, bulk_every = 0;
   size_t n = 1 << 16;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "--rounds")) rounds = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--n")) n = (size_t)atol(argv[i + 1]);
     else if (!strcmp(argv[i], "--sleep-ms")) sleep_ms = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--bulk-every")) bulk_every = atoi(argv[i + 1]);
+  }
+  if (n < 1024) {
+    fprintf(stderr, "iterate: --n must be at least 1024\n");
+    return 2;
   }
   cl_uint np = 0;
   CHECK(clGetPlatformIDs(0, NULL, &np));
@@ -68,6 +75,7 @@ int main(int argc, char** argv) {
   CHECK(err);
 
   uint32_t* host = malloc(n * sizeof *host);
+  uint32_t* update = malloc(n / 2 * sizeof *update);
   for (size_t i = 0; i < n; ++i) host[i] = (uint32_t)(i * 2654435761u + 12345u);
   cl_mem buf[2];
   buf[0] = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, n * 4, host, &err);
@@ -88,6 +96,15 @@ int main(int argc, char** argv) {
     size_t at = ((size_t)r * 997u) % (n - 256);
     CHECK(clEnqueueReadBuffer(q, buf[(r + 1) % 2], CL_TRUE, at * 4, sizeof window, window, 0, NULL, NULL));
     running = running * 31 + Fnv(window, 256);
+    if (bulk_every > 0 && (r + 1) % bulk_every == 0) {
+      /* Half of the next round's input from the host (the rest stays the device's), then
+       * the whole of it back. */
+      size_t half = n / 2, from = ((size_t)r * 7919u) % (n - half);
+      for (size_t i = 0; i < half; ++i) update[i] = (uint32_t)((i + from) * 40503u ^ (uint32_t)r);
+      CHECK(clEnqueueWriteBuffer(q, buf[(r + 1) % 2], CL_FALSE, from * 4, half * 4, update, 0, NULL, NULL));
+      CHECK(clEnqueueReadBuffer(q, buf[(r + 1) % 2], CL_TRUE, 0, n * 4, host, 0, NULL, NULL));
+      running = running * 31 + Fnv(host, n);
+    }
     if ((r + 1) % 25 == 0) printf("round %d: window %016llx\n", r + 1, (unsigned long long)running);
     fflush(stdout);
     if (sleep_ms) {
@@ -104,6 +121,7 @@ int main(int argc, char** argv) {
   clReleaseCommandQueue(q);
   clReleaseContext(ctx);
   free(host);
+  free(update);
   free(ps);
   return 0;
 }

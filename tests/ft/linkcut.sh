@@ -9,7 +9,12 @@
 #   - TANDEM_STATS=1: reconnects counted, no migration, no rollback;
 #   - the client's log shows each reconnect, the server's log each resume;
 #   - run once with no fault tolerance at all, once with TANDEM_SPARE_SERVERS naming a
-#     second server (which must never be used: no migration happened);
+#     second server (which must never be used: no migration happened), and once more with
+#     a large write and a whole-state read back every round (--bulk-every 1: transfers that
+#     go by RMA, so cuts fall between an RMA request and its transfer);
+#   - the same bulk program on a server that drops the connection itself in the middle of
+#     every N-th RMA transfer (tandemd --inject-cut-bulk-every N): each cut transfer is done
+#     again on the resumed connection;
 #   - afterwards the server still serves and holds no session.
 #
 #   linkcut.sh BUILD_DIR
@@ -38,16 +43,23 @@ OCL_ICD_VENDORS=$NATIVE OCL_ICD_FILENAMES=$NATIVE_LIBS timeout 300 "$PROG" "${AR
 start a
 start spare
 
-# run NAME [VAR=VALUE...]: the program through Tandem on server a, its link cut CUTS times.
+BULK_ARGS=(--rounds "${LINKCUT_BULK_ROUNDS:-60}" --sleep-ms 1 --bulk-every 1)
+OCL_ICD_VENDORS=$NATIVE OCL_ICD_FILENAMES=$NATIVE_LIBS timeout 300 "$PROG" "${BULK_ARGS[@]}" >"$work/native-bulk.out" ||
+  fail "the native bulk run failed"
+
+# run NAME [VAR=VALUE...]: the program through Tandem on server a, its link cut CUTS times
+# (with PROG_ARGS instead of ARGS and EXPECT instead of native.out when set).
 run() {
   local name=$1 rc; shift
+  local -a args=("${ARGS[@]}")
+  [[ -n ${PROG_ARGS:-} ]] && read -ra args <<<"$PROG_ARGS"
   env TANDEM_STATS=1 TANDEM_SERVERS="${ADDR[a]}" TANDEM_TEST_CUT_LINK_AFTER="$CUT_EVERY" \
-    TANDEM_TEST_CUT_LINK_TIMES="$CUTS" "$@" timeout -k 5 240 "$TANDEM" run -- "$PROG" "${ARGS[@]}" \
+    TANDEM_TEST_CUT_LINK_TIMES="$CUTS" "$@" timeout -k 5 240 "$TANDEM" run -- "$PROG" "${args[@]}" \
     >"$work/$name.out" 2>"$work/$name.err"
   rc=$?
   ((rc == 0)) || fail "$name: the program failed (exit $rc)"
-  cmp -s "$work/native.out" "$work/$name.out" ||
-    { diff "$work/native.out" "$work/$name.out" | head -20 >&2; fail "$name: output differs from the native run"; }
+  cmp -s "$work/${EXPECT:-native.out}" "$work/$name.out" ||
+    { diff "$work/${EXPECT:-native.out}" "$work/$name.out" | head -20 >&2; fail "$name: output differs from the native run"; }
   local lost reconnected stat migrations rollbacks
   lost=$(grep -c "test: cutting the link" "$work/$name.err")
   reconnected=$(grep -c "reconnected to its session worker" "$work/$name.err")
@@ -68,6 +80,26 @@ run plain
 # With fault tolerance armed (a spare, checkpoints): a resumed link must not migrate.
 run spare TANDEM_SPARE_SERVERS="${ADDR[spare]}" TANDEM_CHECKPOINT_PERIOD=0.5
 grep -q "for 'ft_iterate" "$work/spare.log" && fail "the program got a session on the spare: a migration happened"
+# Cuts between large transfers' requests and their RMA: every batch of a round carries one.
+PROG_ARGS="${BULK_ARGS[*]}" EXPECT=native-bulk.out CUT_EVERY=${LINKCUT_BULK_EVERY:-7} run bulk
+
+# Cuts in the middle of RMA transfers, made by the server.
+start cutter --inject-cut-bulk-every "${LINKCUT_BULK_CUT_EVERY:-25}"
+env TANDEM_STATS=1 TANDEM_SERVERS="${ADDR[cutter]}" timeout -k 5 240 "$TANDEM" run -- "$PROG" "${BULK_ARGS[@]}" \
+  >"$work/midrma.out" 2>"$work/midrma.err" || fail "midrma: the program failed"
+cmp -s "$work/native-bulk.out" "$work/midrma.out" ||
+  { diff "$work/native-bulk.out" "$work/midrma.out" | head -20 >&2; fail "midrma: output differs from the native run"; }
+cuts=$(grep -c "fault injection: dropping the client's connection during bulk transfer" "$work/cutter.log")
+redone=$(grep -c "a bulk transfer cut by a link loss is done again" "$work/cutter.log")
+reconnected=$(grep -c "reconnected to its session worker" "$work/midrma.err")
+migrations=$(stat_of "$work/midrma.err" migrations) rollbacks=$(stat_of "$work/midrma.err" rollbacks)
+note "midrma: identical output; $cuts cuts in RMA transfers, $redone transfers done again, $reconnected reconnects," \
+  "migrations: ${migrations:-0}, rollbacks: ${rollbacks:-0}"
+((cuts >= 2)) || fail "midrma: only $cuts cuts happened"
+((redone == cuts)) || fail "midrma: $cuts transfers cut but $redone done again"
+((reconnected == cuts)) || fail "midrma: $cuts cuts but $reconnected reconnects"
+((${migrations:-0} == 0 && ${rollbacks:-0} == 0)) || fail "midrma: migrated or rolled back"
+no_leaks cutter
 
 resumed=$(grep -c "client resumed after" "$work/a.log")
 note "server a logged $resumed resumes"
