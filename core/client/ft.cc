@@ -3,6 +3,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <optional>
 #include <cstdlib>
 #include <cstring>
 
@@ -54,6 +55,11 @@ Digest Hash(std::span<const uint8_t> data) {
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
+// For messages: "buffer 7" or "the module global at 0x7f0000001000".
+std::string RegionName(const std::pair<uint64_t, uint64_t>& key) {
+  return key.first ? fmt::format("buffer {}", key.first) : fmt::format("the module global at {:#x}", key.second);
+}
+
 // Creation commands: kept (with their configuration) while their object lives.
 bool IsCreate(ir::Opcode op) {
   switch (op) {
@@ -63,6 +69,7 @@ bool IsCreate(ir::Opcode op) {
     case ir::Opcode::kModuleBuild:
     case ir::Opcode::kFunctionGet:
     case ir::Opcode::kFunctionSetAttr:
+    case ir::Opcode::kModuleGlobal:  // makes the symbol addressable; goes with its module
     case ir::Opcode::kStreamCreate:
     case ir::Opcode::kEventCreate:
       return true;
@@ -350,6 +357,21 @@ void FaultTolerance::Evaluate(const std::shared_ptr<Op>& op, uint64_t issue) {
     carries = op->carries_data;
   }
   const size_t n = answers.size();
+  if (op->opcode == static_cast<uint16_t>(ir::Opcode::kModuleGlobal)) {
+    // The program addresses a global by the primary's address on every replica: they must
+    // agree (the driver places a module's globals alike in two fresh workers).
+    const Op::Answer* first = nullptr;
+    for (const auto& a : answers) {
+      if (!a.in || IsLinkLoss(a.st) || !a.st.ok()) continue;
+      if (first && a.fields != first->fields) {
+        log::Error("fault tolerance: a module global lies at different addresses on the replicas of {}: not "
+                   "supported under redundancy",
+                   op->group->name_);
+        return Deliver(op, Status(Code::kUnimplemented, "a module global at different addresses on the replicas"), {});
+      }
+      if (!first) first = &a;
+    }
+  }
   if (!op->read) {
     // The primary's answer, or any replica's that is not a lost link.
     for (size_t i = 0; i < n; ++i)
@@ -493,6 +515,48 @@ void FaultTolerance::ReissueOpen() {
   }
 }
 
+std::vector<std::pair<FaultTolerance::RegionKey, uint64_t>> FaultTolerance::Regions(GroupSession* g) {
+  std::vector<std::pair<RegionKey, uint64_t>> out;
+  for (const auto& [opcode, payload] : g->creates_) {
+    if (opcode == static_cast<uint16_t>(ir::Opcode::kBufferAlloc)) {
+      ir::BufferAllocReq alloc;
+      if (ir::DecodeRequest(payload, &alloc).ok() && alloc.size > 0) out.push_back({{alloc.buffer, 0}, alloc.size});
+      continue;
+    }
+    if (opcode != static_cast<uint16_t>(ir::Opcode::kModuleGlobal)) continue;
+    auto known = g->globals_.find(payload);
+    if (known == g->globals_.end()) {
+      // Asked once of every replica; a global they place differently was refused to the
+      // program when it asked (Evaluate) and is not saved.
+      std::optional<std::pair<uint64_t, uint64_t>> place;
+      bool agree = true;
+      for (SessionImpl* s : g->replicas_) {
+        std::vector<uint8_t> fields;
+        if (!s->CallRaw(opcode, payload, &fields).ok()) {
+          agree = false;
+          break;
+        }
+        ir::ModuleGlobalRep rep;
+        ir::Reader r(fields);
+        if (!ir::Get(r, &rep)) {
+          agree = false;
+          break;
+        }
+        if (place && *place != std::pair<uint64_t, uint64_t>{rep.address, rep.size}) agree = false;
+        place = std::pair<uint64_t, uint64_t>{rep.address, rep.size};
+      }
+      if (!agree || !place) {
+        log::Warn("fault tolerance: a module global of {} is not checkpointed: the replicas do not agree where it is",
+                  g->name_);
+        place = std::pair<uint64_t, uint64_t>{0, 0};  // asked once
+      }
+      known = g->globals_.emplace(payload, *place).first;
+    }
+    if (known->second.second > 0) out.push_back({{0, known->second.first}, known->second.second});
+  }
+  return out;
+}
+
 std::vector<uint64_t> FaultTolerance::Devices(const GroupSession* g) const {
   std::vector<uint64_t> out;
   for (const auto& [opcode, payload] : g->creates_) {
@@ -524,20 +588,18 @@ Status FaultTolerance::Checkpoint() {
     for (SessionImpl* s : g->replicas_) TANDEM_RETURN_IF_ERROR(Quiesce(s, devices));
   }
   uint64_t saved = 0;
-  std::map<const GroupSession*, std::map<uint64_t, Region>> next;
+  std::map<const GroupSession*, std::map<RegionKey, Region>> next;
   for (auto& g : groups_) {
     auto& old = ckpt_[g.get()];
     auto& regions = next[g.get()];
-    for (const auto& [opcode, payload] : g->creates_) {
-      if (opcode != static_cast<uint16_t>(ir::Opcode::kBufferAlloc)) continue;
-      ir::BufferAllocReq alloc;
-      if (!ir::DecodeRequest(payload, &alloc).ok() || alloc.size == 0) continue;
+    for (const auto& [key, size] : Regions(g.get())) {
+      const std::string what = RegionName(key);
       // 2. Per-chunk digests from every replica, compared.
       const size_t n = g->replicas_.size();
       std::vector<Result<ir::BufferDigestRep>> digests;
       for (SessionImpl* s : g->replicas_)
-        digests.push_back(s->Call(ir::BufferDigestReq{.stream = 0, .buffer = alloc.buffer, .offset = 0,
-                                                      .size = alloc.size, .chunk = kChunk, .wait = {}, .signal = 0}));
+        digests.push_back(s->Call(ir::BufferDigestReq{.stream = 0, .buffer = key.first, .offset = key.second,
+                                                      .size = size, .chunk = kChunk, .wait = {}, .signal = 0}));
       for (size_t i = 0; i < n; ++i)
         if (!digests[i].ok()) return digests[i].status();
       // The replicas that agree with most others; with N >= 3 a majority wins and only the
@@ -551,38 +613,37 @@ Status FaultTolerance::Checkpoint() {
       if (agree < n) {
         if (n < 3 || agree * 2 <= n) {
           stats.mismatches.fetch_add(n - agree);
-          RollbackAll("replicas disagree on buffer " + std::to_string(alloc.buffer) + " at a checkpoint");
+          RollbackAll("replicas disagree on " + what + " at a checkpoint");
           return Status(Code::kInternal, "replicas disagreed at the checkpoint: rolled back instead");
         }
         for (size_t i = 0; i < n; ++i) {
           if (digests[i]->digests == digests[good]->digests) continue;
           stats.mismatches.fetch_add(1);
-          log::Warn("fault tolerance: replica {} of {} is outvoted on buffer {} at a checkpoint", i, g->name_,
-                    alloc.buffer);
+          log::Warn("fault tolerance: replica {} of {} is outvoted on {} at a checkpoint", i, g->name_, what);
           Status st = CopyFromPeer(g.get(), i, good);
           if (!st.ok()) return st;
         }
       }
       // 3. Only chunks that changed since the last checkpoint are fetched.
-      Region& r = regions[alloc.buffer];
-      r.size = alloc.size;
+      Region& r = regions[key];
+      r.size = size;
       const auto& d = digests[good]->digests;
       const size_t chunks = d.size() / 2;
       r.digests.resize(chunks);
       r.chunks.resize(chunks);
-      auto prev = old.find(alloc.buffer);
+      auto prev = old.find(key);
       for (size_t c = 0; c < chunks; ++c) {
         r.digests[c] = {d[2 * c], d[2 * c + 1]};
         if (prev != old.end() && c < prev->second.digests.size() && prev->second.digests[c] == r.digests[c] &&
-            prev->second.size == alloc.size) {
+            prev->second.size == size) {
           r.chunks[c] = prev->second.chunks[c];
           continue;
         }
-        const uint64_t off = c * kChunk, len = std::min<uint64_t>(kChunk, alloc.size - off);
+        const uint64_t off = c * kChunk, len = std::min<uint64_t>(kChunk, size - off);
         Status got = Status(Code::kInternal, "no replica returned the agreed bytes");
         for (SessionImpl* s : g->replicas_) {  // a flipped transfer is caught by its digest
-          auto rep = s->Call(ir::BufferReadReq{.stream = 0, .buffer = alloc.buffer, .offset = off, .size = len,
-                                               .remote = {}, .wait = {}, .signal = 0});
+          auto rep = s->Call(ir::BufferReadReq{.stream = 0, .buffer = key.first, .offset = key.second + off,
+                                               .size = len, .remote = {}, .wait = {}, .signal = 0});
           if (rep.ok() && rep->data.size() == len && Hash(rep->data) == r.digests[c]) {
             r.chunks[c] = std::make_shared<const std::vector<uint8_t>>(std::move(rep->data));
             got = Status::Ok();
@@ -632,11 +693,29 @@ Status FaultTolerance::RestoreFresh(GroupSession* g, size_t i, const std::string
   }
   g->outvoted_[i] = 0;
   Recreate(s, g->ckpt_creates_, g->ckpt_signals_);
-  for (const auto& [buffer, region] : ckpt_[g]) {
+  // The program addresses its module globals where they were: the new worker's must be there.
+  for (const auto& [payload, place] : g->globals_) {
+    if (place.second == 0 || std::find(g->ckpt_creates_.begin(), g->ckpt_creates_.end(),
+                  std::pair<uint16_t, std::vector<uint8_t>>{static_cast<uint16_t>(ir::Opcode::kModuleGlobal), payload}) ==
+        g->ckpt_creates_.end())
+      continue;
+    std::vector<uint8_t> fields;
+    ir::ModuleGlobalRep rep;
+    Status st = s->CallRaw(static_cast<uint16_t>(ir::Opcode::kModuleGlobal), payload, &fields);
+    ir::Reader r(fields);
+    if (st.ok() && !(ir::Get(r, &rep) && rep.address == place.first && rep.size == place.second))
+      st = Status(Code::kUnimplemented, fmt::format("the module global at {:#x} lies elsewhere on {}", place.first, address));
+    if (!st.ok()) {
+      source_->Retire(s);
+      if (old) g->replicas_[i] = old;
+      return st;
+    }
+  }
+  for (const auto& [key, region] : ckpt_[g]) {
     for (size_t c = 0; c < region.chunks.size(); ++c) {
       const auto& bytes = *region.chunks[c];
-      s->Post(ir::BufferWriteReq{.stream = 0, .buffer = buffer, .offset = c * kChunk, .size = bytes.size(),
-                                 .data = bytes, .remote = {}, .wait = {}, .signal = 0});
+      s->Post(ir::BufferWriteReq{.stream = 0, .buffer = key.first, .offset = key.second + c * kChunk,
+                                 .size = bytes.size(), .data = bytes, .remote = {}, .wait = {}, .signal = 0});
     }
   }
   // The bytes went on each device's default stream: they must be in place before any
@@ -683,17 +762,14 @@ Status FaultTolerance::CopyFromPeer(GroupSession* g, size_t bad, size_t good) {
   TANDEM_RETURN_IF_ERROR(Quiesce(from, devices));
   TANDEM_RETURN_IF_ERROR(Quiesce(to, devices));
   uint64_t bytes = 0;
-  for (const auto& [opcode, payload] : g->creates_) {
-    if (opcode != static_cast<uint16_t>(ir::Opcode::kBufferAlloc)) continue;
-    ir::BufferAllocReq alloc;
-    if (!ir::DecodeRequest(payload, &alloc).ok() || alloc.size == 0) continue;
+  for (const auto& [key, size] : Regions(g)) {
     // Always direct: this restore must not cross the client's link.
     const uint64_t transfer = NewTransferId();
-    to->Post(ir::PeerRecvReq{.stream = 0, .buffer = alloc.buffer, .offset = 0, .size = alloc.size,
+    to->Post(ir::PeerRecvReq{.stream = 0, .buffer = key.first, .offset = key.second, .size = size,
                              .peer = from->worker_address(), .transfer = transfer, .wait = {}, .signal = 0});
-    from->Post(ir::PeerSendReq{.stream = 0, .buffer = alloc.buffer, .offset = 0, .size = alloc.size,
+    from->Post(ir::PeerSendReq{.stream = 0, .buffer = key.first, .offset = key.second, .size = size,
                                .transfer = transfer, .wait = {}, .signal = 0});
-    bytes += alloc.size;
+    bytes += size;
   }
   TANDEM_RETURN_IF_ERROR(Quiesce(to, devices));
   TANDEM_RETURN_IF_ERROR(Quiesce(from, devices));
@@ -728,10 +804,10 @@ Status FaultTolerance::RollbackInPlace(GroupSession* g) {
   }
   const size_t n = g->replicas_.size();
   uint64_t written = 0;
-  for (const auto& [buffer, region] : ckpt_[g]) {
+  for (const auto& [key, region] : ckpt_[g]) {
     std::vector<std::vector<uint64_t>> now(n);
     for (size_t i = 0; i < n; ++i) {
-      auto rep = g->replicas_[i]->Call(ir::BufferDigestReq{.stream = 0, .buffer = buffer, .offset = 0,
+      auto rep = g->replicas_[i]->Call(ir::BufferDigestReq{.stream = 0, .buffer = key.first, .offset = key.second,
                                                            .size = region.size, .chunk = kChunk, .wait = {}, .signal = 0});
       if (!rep.ok()) return rep.status();
       now[i] = std::move(rep->digests);
@@ -746,7 +822,7 @@ Status FaultTolerance::RollbackInPlace(GroupSession* g) {
       for (size_t i = 0; i < n; ++i) {
         if (at(i) == region.digests[c]) continue;
         const auto& bytes = *region.chunks[c];
-        g->replicas_[i]->Post(ir::BufferWriteReq{.stream = 0, .buffer = buffer, .offset = c * kChunk,
+        g->replicas_[i]->Post(ir::BufferWriteReq{.stream = 0, .buffer = key.first, .offset = key.second + c * kChunk,
                                                  .size = bytes.size(), .data = bytes, .remote = {}, .wait = {},
                                                  .signal = 0});
         written += bytes.size();
@@ -780,8 +856,8 @@ void FaultTolerance::RollbackAll(const std::string& why) {
     }
   }
   static const bool fresh_only = std::getenv("TANDEM_TEST_FRESH_ROLLBACK") != nullptr;
-  // A mismatch right after an in-place rollback may live where that restores nothing (module
-  // globals): the retry rebuilds everything.
+  // A mismatch right after an in-place rollback may live where that restores nothing (a
+  // corrupt module image, a device's state outside memory): the retry rebuilds everything.
   const bool in_place = !fresh_only && mismatch_streak_ <= 1;
   for (auto& g : groups_) {
     if (!g->failed_.ok()) continue;

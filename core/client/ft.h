@@ -99,6 +99,9 @@ class GroupSession final : public Session {
   std::vector<std::pair<uint16_t, std::vector<uint8_t>>> creates_, ckpt_creates_;
   // Events that commands signalled and nobody destroyed (a restore makes them exist again).
   std::set<uint64_t> signals_, ckpt_signals_;
+  // Module globals the program asked for (ModuleGlobal's payload), with the address and size
+  // every replica agreed on: checkpointed and restored like allocations.
+  std::map<std::vector<uint8_t>, std::pair<uint64_t, uint64_t>> globals_;
   Status failed_;
 };
 
@@ -122,7 +125,9 @@ class FaultTolerance {
     std::vector<uint8_t> payload;
     std::shared_ptr<Op> op;  // a logged command with a reply: the replay may answer it
   };
-  struct Region {             // one allocation's content at the last checkpoint
+  // Where a region lives: (buffer, 0) for an allocation, (0, address) for a module global.
+  using RegionKey = std::pair<uint64_t, uint64_t>;
+  struct Region {             // one allocation's or module global's content at the last checkpoint
     uint64_t size = 0;
     std::vector<std::pair<uint64_t, uint64_t>> digests;  // per kChunk
     // Shared with the previous checkpoint where a chunk did not change: a checkpoint that
@@ -154,6 +159,9 @@ class FaultTolerance {
   void OnMismatch(const std::shared_ptr<Op>& op, std::vector<size_t> outvoted, bool majority);
   void FailGroup(GroupSession* g, const Status& why);
   std::vector<uint64_t> Devices(const GroupSession* g) const;
+  // What a checkpoint saves of g: its allocations and module globals, with their sizes. Asks
+  // the replicas where a global they have not placed yet lives.
+  std::vector<std::pair<RegionKey, uint64_t>> Regions(GroupSession* g);
   // Waits for every command posted so far on `s` to finish; clears what it reported.
   Status Quiesce(SessionImpl* s, const std::vector<uint64_t>& devices);
 
@@ -166,7 +174,7 @@ class FaultTolerance {
   std::deque<std::string> spares_;
   std::deque<LogEntry> log_;
   size_t log_bytes_ = 0;
-  std::map<const GroupSession*, std::map<uint64_t, Region>> ckpt_;  // by buffer handle
+  std::map<const GroupSession*, std::map<RegionKey, Region>> ckpt_;
   Clock::time_point last_ckpt_ = Clock::now();
   bool have_ckpt_ = false;  // the first read back takes one: rollbacks need not replay from the start
   std::map<uint64_t, std::shared_ptr<Op>> open_;  // ops waiting for answers, by id

@@ -419,7 +419,8 @@ Status RuntimeImpl::Connect(const std::string& server, SessionImpl** out) {
   auto hello = Exchange(*broker,
                         ir::HelloReq{.magic = ir::kMagic,
                                      .version = ir::kProtocolVersion,
-                                     .features = ir::kFeatureRma | ir::kFeatureOpenCL | ir::kFeatureCuda,
+                                     .features = ir::kFeatureRma | ir::kFeatureOpenCL | ir::kFeatureCuda |
+                                                 (ft_ ? ir::kFeatureFixedLayout : 0),
                                      .token = TokenFromEnv(),
                                      .client = ClientName()},
                         server);

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/personality.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/wait.h>
@@ -109,7 +110,7 @@ class Broker {
     pid_t pid = -1;
     WorkerReport report;
   };
-  Result<Spawned> SpawnWorker(uint64_t key, bool probe);
+  Result<Spawned> SpawnWorker(uint64_t key, bool probe, bool fixed_layout = false);
   void Reap();
   void HandleMessage(fabric::PeerId peer, std::span<const uint8_t> msg);
   // Each returns false when the peer must be refused and closed after the reply.
@@ -127,7 +128,7 @@ class Broker {
 };
 
 // fork + exec of /proc/self/exe in its hidden worker role, with a pipe back for its report.
-Result<Broker::Spawned> Broker::SpawnWorker(uint64_t key, bool probe) {
+Result<Broker::Spawned> Broker::SpawnWorker(uint64_t key, bool probe, bool fixed_layout) {
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0)
     return Status(Code::kInternal, fmt::format("pipe failed: {}", std::strerror(errno)));
@@ -138,6 +139,7 @@ Result<Broker::Spawned> Broker::SpawnWorker(uint64_t key, bool probe) {
                                    "--session-grace-ms", std::to_string(opt_.session_grace.count()),
                                    "--status-fd", "3"};
   if (probe) args.push_back("--probe");
+  if (fixed_layout) args.push_back("--fixed-layout");
   if (opt_.inject.bitflip_rate > 0) args.insert(args.end(), {"--inject-bitflip", fmt::format("{}", opt_.inject.bitflip_rate)});
   if (opt_.inject.bitflip_per_s > 0)
     args.insert(args.end(), {"--inject-bitflip-per-s", fmt::format("{}", opt_.inject.bitflip_per_s)});
@@ -171,6 +173,11 @@ Result<Broker::Spawned> Broker::SpawnWorker(uint64_t key, bool probe) {
     else if (::dup2(fds[1], 3) < 0)
       ::_exit(1);
     ::close_range(4, ~0u, 0);
+    // Kept across exec; where a sandbox refuses it, the worker says so (--fixed-layout).
+    if (fixed_layout) {
+      const int current = ::personality(0xffffffff);
+      if (current != -1) ::personality(static_cast<unsigned long>(current) | ADDR_NO_RANDOMIZE);
+    }
     ::execve(argv[0], argv.data(), envp.data());
     ::_exit(127);
   }
@@ -230,7 +237,8 @@ bool Broker::OnHello(fabric::PeerId peer, const ir::Record& rec, ir::BatchWriter
     return true;
   }
   auto key = RandomKey();
-  Result<Spawned> worker = key.ok() ? SpawnWorker(key.value(), false) : Result<Spawned>(key.status());
+  const bool fixed_layout = (req.features & ir::kFeatureFixedLayout) != 0;
+  Result<Spawned> worker = key.ok() ? SpawnWorker(key.value(), false, fixed_layout) : Result<Spawned>(key.status());
   if (!worker.ok()) {
     log::Error("cannot start a session for '{}': {}", req.client, worker.status().ToString());
     out.AddReply<ir::HelloRep>(rec.header.opcode, rec.header.seq, worker.status(), {}, nullptr);

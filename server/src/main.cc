@@ -96,6 +96,7 @@ int main(int argc, char** argv) {
   bool worker = false;
   app.add_flag("--worker", worker)->group("");
   app.add_flag("--probe", w.probe)->group("");
+  app.add_flag("--fixed-layout", w.fixed_layout)->group("");
   app.add_option("--bind", w.bind_host)->group("");
   app.add_option("--status-fd", w.status_fd)->group("");
   CLI11_PARSE(app, argc, argv);

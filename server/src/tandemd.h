@@ -45,6 +45,7 @@ struct WorkerOptions {
   int status_fd = -1;     // the pipe the worker reports "ok <port> <kind> <name>" or "error <why>" on
   uint64_t session_key = 0;
   bool probe = false;     // only open the backend and report it (the broker's start-up check)
+  bool fixed_layout = false;  // the client asked for address randomization off (kFeatureFixedLayout)
   InjectOptions inject;
 };
 

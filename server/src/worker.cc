@@ -5,6 +5,7 @@
 // (Ping, so liveness keeps working while the executor is blocked in a long finish, and
 // UserEventSet, so a command blocked on a user event can be released) and queues every
 // other batch; the executor runs batches in order and sends one reply batch per batch.
+#include <sys/personality.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -450,6 +451,12 @@ int RunWorker(const WorkerOptions& opt) {
   if (opt.probe) {
     Report(opt.status_fd, fmt::format("ok 0 {} {}", chosen, backend.value()->name()));
     return 0;
+  }
+  if (opt.fixed_layout) {
+    const int persona = ::personality(0xffffffff);
+    if (persona == -1 || !(persona & ADDR_NO_RANDOMIZE))
+      log::Warn("the client runs fault tolerance, but address randomization could not be turned off here: module "
+                "globals may lie at different device addresses on its replicas, and then cannot be used");
   }
 
   fabric::Options fo;

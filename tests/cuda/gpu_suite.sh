@@ -4,7 +4,8 @@
 # CUDA backend on 127.0.0.1) and compares stdout and exit code; then runs one program again
 # through Tandem with the real CUDA libraries hidden from it (no libcudart, no libcuda, empty
 # LD_LIBRARY_PATH), as on a client with no CUDA installed. Exit 77 (skip) without a GPU.
-# Programs named multi_* run through two tandemd (device 0 of each), natively on the GPUs there are.
+# Programs named multi_* run through two tandemd (device 0 of each), natively on the GPUs there are;
+# symbols runs once more with TANDEM_REDUNDANCY=2 on the two servers (module globals replicated).
 set -u -o pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib/tandemd.sh"
 tandemd=$1 lib=$2; shift 2
@@ -93,6 +94,20 @@ for prog in "${programs[@]}"; do
   servers=$SERVER
   [[ $name == multi_* ]] && servers=$SERVER/0,$SERVER2/0
   LD_PRELOAD=$lib TANDEM_SERVERS=$servers timeout -k 5 "$RUN_TIMEOUT" "$prog" \
+    >"$work/$name.tandem.out" 2>"$work/$name.tandem.err"
+  echo $? >"$work/$name.tandem.rc"
+  compare "$name"
+done
+
+# Module globals under redundancy: symbols again with two replicas on the two servers. The
+# replicas' workers run with address randomization off (kFeatureFixedLayout), so the
+# program's __device__/__constant__ symbols lie at the same device address on both.
+for prog in "${programs[@]}"; do
+  [[ $(basename "$prog") == symbols ]] || continue
+  name=symbols-redundancy2
+  cp "$work/symbols.native.out" "$work/$name.native.out"
+  cp "$work/symbols.native.rc" "$work/$name.native.rc"
+  LD_PRELOAD=$lib TANDEM_SERVERS=$SERVER,$SERVER2 TANDEM_REDUNDANCY=2 timeout -k 5 "$RUN_TIMEOUT" "$prog" \
     >"$work/$name.tandem.out" 2>"$work/$name.tandem.err"
   echo $? >"$work/$name.tandem.rc"
   compare "$name"

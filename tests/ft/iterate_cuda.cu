@@ -1,7 +1,10 @@
 // The CUDA variant of the fault-tolerance program: a pointer-linked structure in device
 // memory (each node holds the device address of the next, in a shuffled order), updated by
 // one kernel per round for hundreds of rounds, with a small read back each round and a
-// checksum every 25 rounds. Exact integer arithmetic: the same bytes on every correct run.
+// checksum every 25 rounds. Part of the state lives in a __device__ global (set with
+// cudaMemcpyToSymbol, advanced by a kernel each round, read with cudaMemcpyFromSymbol every 25
+// rounds): a restore must bring module globals back too. Exact integer arithmetic: the same
+// bytes on every correct run.
 // An ordinary CUDA program (nvcc -cudart shared), nothing Tandem-specific.
 //   iterate_cuda [--rounds N] [--n NODES] [--sleep-ms MS]
 #include <cuda_runtime.h>
@@ -36,6 +39,15 @@ __global__ void Advance(Node* nodes, uint32_t* out, uint32_t n, uint32_t round) 
   const Node* b = a->next;
   uint32_t x = nodes[i].value * 1664525u + (a->value ^ (b->value >> 3)) + round * 2654435761u;
   out[i] = x ^ (x >> 15);
+}
+
+constexpr int kMix = 64;
+__device__ uint32_t g_mix[kMix];  // state kept in a module global across rounds
+
+__global__ void Mix(const uint32_t* out, uint32_t n, uint32_t round) {
+  const uint32_t t = threadIdx.x;
+  const uint32_t v = g_mix[t] * 33u + out[(t * 1031u + round * 7u) % n];
+  g_mix[t] = v ^ (v >> 13);
 }
 
 __global__ void Store(Node* nodes, const uint32_t* in, uint32_t n) {
@@ -78,16 +90,24 @@ int main(int argc, char** argv) {
     host[order[k]].value = order[k] * 2654435761u + 12345u;
   }
   CHECK(cudaMemcpy(nodes, host.data(), n * sizeof(Node), cudaMemcpyHostToDevice));
+  uint32_t mix[kMix];
+  for (int t = 0; t < kMix; ++t) mix[t] = 2166136261u + 16777619u * static_cast<uint32_t>(t);
+  CHECK(cudaMemcpyToSymbol(g_mix, mix, sizeof mix));
   const unsigned block = 256, grid = (n + block - 1) / block;
   uint32_t window[256];
   uint64_t running = 0;
   for (int r = 0; r < rounds; ++r) {
     Advance<<<grid, block>>>(nodes, scratch, n, static_cast<uint32_t>(r));
+    Mix<<<1, kMix>>>(scratch, n, static_cast<uint32_t>(r));
     Store<<<grid, block>>>(nodes, scratch, n);
     size_t at = (static_cast<size_t>(r) * 997u) % (n - 256);
     CHECK(cudaMemcpy(window, scratch + at, sizeof window, cudaMemcpyDeviceToHost));
     running = running * 31 + Fnv(window, 256);
-    if ((r + 1) % 25 == 0) std::printf("round %d: window %016llx\n", r + 1, static_cast<unsigned long long>(running));
+    if ((r + 1) % 25 == 0) {
+      CHECK(cudaMemcpyFromSymbol(mix, g_mix, sizeof mix));
+      std::printf("round %d: window %016llx mix %016llx\n", r + 1, static_cast<unsigned long long>(running),
+                  static_cast<unsigned long long>(Fnv(mix, kMix)));
+    }
     std::fflush(stdout);
     if (sleep_ms) {
       timespec ts{sleep_ms / 1000, static_cast<long>(sleep_ms % 1000) * 1000000L};

@@ -18,6 +18,10 @@ inline constexpr uint32_t kProtocolVersion = 2;  // 2: server-to-server copies (
 inline constexpr uint64_t kFeatureRma = 1u << 0;      // client offers RMA regions for bulk data
 inline constexpr uint64_t kFeatureOpenCL = 1u << 1;
 inline constexpr uint64_t kFeatureCuda = 1u << 2;
+// The client runs fault tolerance: its worker gets the same address-space layout on every run
+// (randomization off), so that a module's globals land at the same device addresses on every
+// replica and on a spare that takes a replica's place.
+inline constexpr uint64_t kFeatureFixedLayout = 1u << 3;
 
 // Limits every decoder enforces (a message above them is refused, not allocated).
 inline constexpr uint32_t kMaxString = 1u << 20;        // 1 MiB (build logs, sources)
