@@ -28,16 +28,11 @@ Status Completion::Wait() {
   // sleeping (a wake-up from the kernel is a good part of a small read back's latency).
   if (KeepaliveInterval() != Clock::duration::zero()) {
     const auto until = start + std::chrono::microseconds(200);
-    while (std::chrono::steady_clock::now() < until) {
-      {
-        std::lock_guard<std::mutex> l(m_);
-        if (done_) break;
-      }
+    while (!done_.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < until)
       std::this_thread::yield();
-    }
   }
   std::unique_lock<std::mutex> l(m_);
-  cv_.wait(l, [&] { return done_; });
+  cv_.wait(l, [&] { return done_.load(std::memory_order_relaxed); });
   Stats::Get().AddWait(std::chrono::steady_clock::now() - start);
   return status_;
 }

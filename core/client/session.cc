@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "stats.h"
+#include "tandem/client/completion.h"
 #include "tandem/log.h"
 
 namespace tandem::client {
@@ -187,28 +188,15 @@ Status SessionImpl::FlushLocked(std::unique_lock<std::mutex>& lock) {
 }
 
 Status PostAndWait(Session& s, uint16_t opcode, std::vector<uint8_t> payload, std::vector<uint8_t>* reply_fields) {
-  struct Waiter {
-    std::mutex m;
-    std::condition_variable cv;
-    bool done = false;
-    Status status;
-    std::vector<uint8_t> fields;
-  };
-  auto w = std::make_shared<Waiter>();
-  s.PostRaw(opcode, std::move(payload), [w](const Status& st, std::span<const uint8_t> fields) {
-    std::lock_guard<std::mutex> l(w->m);
-    w->status = st;
-    w->fields.assign(fields.begin(), fields.end());
-    w->done = true;
-    w->cv.notify_all();
-  });
-  auto start = Clock::now();
+  // A Completion: with keepalive on, the caller looks for the reply a moment before sleeping
+  // (a synchronize's wake-up from the kernel costs as much as its round trip's tail).
+  auto done = std::make_shared<Completion>();
+  s.PostRaw(opcode, std::move(payload),
+            [done](const Status& st, std::span<const uint8_t> fields) { done->Set(st, fields); });
   s.Flush();
-  std::unique_lock<std::mutex> l(w->m);
-  w->cv.wait(l, [&] { return w->done; });
-  Stats::Get().AddWait(Clock::now() - start);
-  if (reply_fields) *reply_fields = std::move(w->fields);
-  return w->status;
+  Status st = done->Wait();
+  if (reply_fields) *reply_fields = std::move(done->fields());
+  return st;
 }
 
 Status SessionImpl::CallRaw(uint16_t opcode, std::vector<uint8_t> payload, std::vector<uint8_t>* reply_fields) {
