@@ -100,6 +100,14 @@ Session::Session(Backend* backend, uint64_t session_key, bool defer_replies)
   backend_->AllowDeferredReplies(defer_replies);
   if (const char* v = std::getenv("TANDEM_SERVER_PROFILE"); v && std::string(v) == "1")
     profile_ = std::make_shared<Profile>();
+  if (const char* v = std::getenv("TANDEM_ASYNC_PEER_BYTES"); v && *v) {
+    char* end = nullptr;
+    const unsigned long long n = std::strtoull(v, &end, 10);
+    if (end && *end == 0 && n <= kAsyncPeerBytes)
+      async_peer_bytes_ = n;
+    else
+      log::Warn("TANDEM_ASYNC_PEER_BYTES={}: not a byte count up to {}; using {}", v, kAsyncPeerBytes, kAsyncPeerBytes);
+  }
 }
 
 BatchOutcome Session::HandleBatch(std::span<const uint8_t> msg) {
@@ -442,7 +450,7 @@ Status Session::Call(const ir::WarmReq& req, ir::WarmRep* rep) {
 Status Session::Call(const ir::PeerSendReq& req, ir::PeerSendRep*) {
   if (!peers_) return Status(Code::kUnimplemented, "PeerSend: this session has no server-to-server transport");
   if (req.size == 0) return Status::Invalid("PeerSend: empty transfer");
-  if (req.size <= kAsyncPeerBytes && TakeAsyncBytes(req.size)) {
+  if (req.size <= async_peer_bytes_ && TakeAsyncBytes(req.size)) {
     // Read in stream order into host memory; the link sends it when it is there and pulled,
     // while this thread goes on with the next command.
     PeerLink* peers = peers_;
@@ -480,7 +488,7 @@ Status Session::Call(const ir::PeerSendReq& req, ir::PeerSendRep*) {
 Status Session::Call(const ir::PeerRecvReq& req, ir::PeerRecvRep*) {
   if (!peers_) return Status(Code::kUnimplemented, "PeerRecv: this session has no server-to-server transport");
   if (req.size == 0) return Status::Invalid("PeerRecv: empty transfer");
-  if (req.size <= kAsyncPeerBytes && TakeAsyncBytes(req.size)) {
+  if (req.size <= async_peer_bytes_ && TakeAsyncBytes(req.size)) {
     // The write is enqueued now and held until the bytes are here; this thread goes on.
     auto pending = backend_->WriteFromHost(req.stream, req.buffer, req.offset, req.size, req.wait, req.signal);
     if (pending.ok()) {

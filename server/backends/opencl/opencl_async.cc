@@ -1,8 +1,8 @@
 // Work that finishes off the executor: the event watcher (a thread that sees OpenCL events
 // complete and runs what waits for them) and the asynchronous halves of server-to-server
-// copies (ReadToHost, WriteFromHost), which pass through a device buffer of their own, copied
-// in stream order, with the host side done by blocking calls on the watcher's thread (an
-// implementation may read a non-blocking write's host memory at any time).
+// copies: ReadToHost, a non-blocking read in stream order; WriteFromHost, a copy in stream
+// order from a device buffer of its own that a blocking write on the watcher's thread fills
+// (an implementation may read a non-blocking write's host memory at any time).
 #include <fmt/format.h>
 
 #include <atomic>
@@ -161,10 +161,8 @@ Result<cl_command_queue> OpenCLBackend::TransferQueue(uint32_t device) {
   return d.transfer_queue.get();
 }
 
-// In stream order, the range is copied into a device buffer of the transfer's own; once that
-// copy is done, the watcher's thread reads it into host memory on the transfer queue.
-// What both halves start with: the buffer, the command's queue and wait list, a device buffer
-// of the transfer's own and the device's transfer queue.
+// What the destination half starts with: the buffer, the command's queue and wait list, a
+// device buffer of the transfer's own and the device's transfer queue.
 Result<OpenCLBackend::Staged> OpenCLBackend::Stage(uint64_t stream, uint64_t buffer, uint64_t offset, uint64_t size,
                                                    const ir::u64s& wait, uint64_t signal) {
   auto b = Find(buffers_, buffer, "buffer");
@@ -184,31 +182,30 @@ Result<OpenCLBackend::Staged> OpenCLBackend::Stage(uint64_t stream, uint64_t buf
   return st;
 }
 
+// In stream order, a non-blocking read of the range into host memory of the transfer's own,
+// handed over once its event is done. (Only the completed read's bytes are looked at; a
+// device copy into a private buffer and a blocking read of that from the watcher's thread, as
+// the destination half does it, cost a buffer, a copy and a wake-up more per transfer: 8.4
+// against 5.6 ms a step for advection n = 1024 on four servers, H100, 2026-11-24.)
 Status OpenCLBackend::ReadToHost(uint64_t stream, uint64_t buffer, uint64_t offset, uint64_t size,
                                  const ir::u64s& wait, uint64_t signal,
                                  std::function<void(Result<std::shared_ptr<HostBuffer>>)> done) {
-  auto st = Stage(stream, buffer, offset, size, wait, signal);
-  if (!st.ok()) return st.status();
-  Enqueue& e = st->e;
-  cl_int err = clEnqueueCopyBuffer(e.queue, st->buffer->mem.get(), st->tmp->get(), offset, 0, size, e.num_wait(),
+  auto b = Find(buffers_, buffer, "buffer");
+  if (!b.ok()) return b.status();
+  TANDEM_RETURN_IF_ERROR(CheckRange(*b.value(), buffer, offset, size));
+  Enqueue e;
+  TANDEM_RETURN_IF_ERROR(Prepare(stream, b.value()->device, wait, signal, &e));
+  auto host = std::make_shared<PlainHostBuffer>(size);
+  cl_int err = clEnqueueReadBuffer(e.queue, b.value()->mem.get(), CL_FALSE, offset, size, host->data(), e.num_wait(),
                                    e.wait_list(), e.event_out(true));
-  if (err != CL_SUCCESS) return ClError(err, "clEnqueueCopyBuffer", "into server-to-server staging");
-  cl_event copied = e.done;
-  clRetainEvent(copied);
+  if (err != CL_SUCCESS) return ClError(err, "clEnqueueReadBuffer", "server-to-server source");
+  cl_event read = e.done;
+  clRetainEvent(read);
   Complete(e);
   clFlush(e.queue);
-  EventWatcher::Get().Watch(copied, [tmp = st->tmp, queue = st->transfer, size, done = std::move(done)](cl_int status) {
-    if (status < 0) {
-      done(ClError(status, "the copy of a server-to-server transfer's source"));
-      return;
-    }
-    auto host = std::make_shared<PlainHostBuffer>(size);
-    cl_int err = clEnqueueReadBuffer(queue->get(), tmp->get(), CL_TRUE, 0, size, host->data(), 0, nullptr, nullptr);
-    if (err != CL_SUCCESS) {
-      done(ClError(err, "clEnqueueReadBuffer", "server-to-server staging"));
-      return;
-    }
-    done(std::shared_ptr<HostBuffer>(std::move(host)));
+  EventWatcher::Get().Watch(read, [host, done = std::move(done)](cl_int status) {
+    if (status < 0) return done(ClError(status, "the read of a server-to-server transfer's source"));
+    done(std::shared_ptr<HostBuffer>(host));
   });
   return Status::Ok();
 }

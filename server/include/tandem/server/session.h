@@ -80,6 +80,7 @@ class Session {
   static constexpr size_t kMaxDeferred = 256;
   // Server-to-server copies up to this size go through host memory without holding the
   // executor (Backend::ReadToHost / WriteFromHost); larger ones stream in chunks through it.
+  // tandemd's TANDEM_ASYNC_PEER_BYTES changes it (0: every copy holds the executor).
   static constexpr uint64_t kAsyncPeerBytes = 64u << 20;
   // Host bytes that asynchronous copies may hold at once (see TakeAsyncBytes).
   static constexpr uint64_t kAsyncPeerBudget = 1ull << 30;
@@ -212,6 +213,7 @@ class Session {
 
  private:
   std::shared_ptr<Profile> profile_;
+  uint64_t async_peer_bytes_ = kAsyncPeerBytes;
 };
 
 }  // namespace tandem::server
