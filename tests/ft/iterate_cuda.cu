@@ -6,7 +6,9 @@
 // rounds): a restore must bring module globals back too. Exact integer arithmetic: the same
 // bytes on every correct run.
 // An ordinary CUDA program (nvcc -cudart shared), nothing Tandem-specific.
-//   iterate_cuda [--rounds N] [--n NODES] [--sleep-ms MS]
+// With --bulk-every K, every K-th round also reads all nodes back and writes them again with
+// changed values (transfers large enough to go by RMA through Tandem).
+//   iterate_cuda [--rounds N] [--n NODES] [--sleep-ms MS] [--bulk-every K]
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -65,12 +67,17 @@ static uint64_t Fnv(const uint32_t* v, size_t n) {
 }
 
 int main(int argc, char** argv) {
-  int rounds = 300, sleep_ms = 0;
+  int rounds = 300, sleep_ms = 0, bulk_every = 0;
   uint32_t n = 1 << 16;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--rounds")) rounds = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--n")) n = static_cast<uint32_t>(std::atol(argv[i + 1]));
     else if (!std::strcmp(argv[i], "--sleep-ms")) sleep_ms = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--bulk-every")) bulk_every = std::atoi(argv[i + 1]);
+  }
+  if (n < 1024) {
+    std::fprintf(stderr, "iterate_cuda: --n must be at least 1024\n");
+    return 2;
   }
   Node* nodes = nullptr;
   uint32_t* scratch = nullptr;
@@ -103,6 +110,16 @@ int main(int argc, char** argv) {
     size_t at = (static_cast<size_t>(r) * 997u) % (n - 256);
     CHECK(cudaMemcpy(window, scratch + at, sizeof window, cudaMemcpyDeviceToHost));
     running = running * 31 + Fnv(window, 256);
+    if (bulk_every > 0 && (r + 1) % bulk_every == 0) {
+      // Every node back (the values only count: the links are device addresses, which
+      // differ between runs), then every node again with its value changed.
+      CHECK(cudaMemcpy(host.data(), nodes, n * sizeof(Node), cudaMemcpyDeviceToHost));
+      std::vector<uint32_t> values(n);
+      for (uint32_t i = 0; i < n; ++i) values[i] = host[i].value;
+      running = running * 31 + Fnv(values.data(), n);
+      for (uint32_t i = 0; i < n; ++i) host[i].value ^= static_cast<uint32_t>(r) * 40503u + i;
+      CHECK(cudaMemcpy(nodes, host.data(), n * sizeof(Node), cudaMemcpyHostToDevice));
+    }
     if ((r + 1) % 25 == 0) {
       CHECK(cudaMemcpyFromSymbol(mix, g_mix, sizeof mix));
       std::printf("round %d: window %016llx mix %016llx\n", r + 1, static_cast<unsigned long long>(running),

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Transient link loss end to end, on real tandemd servers over 127.0.0.1 (OpenCL backend over
-# the machine's native OpenCL: PoCL in CI). The program (iterate, see ft.sh) runs natively
+# the machine's native OpenCL: PoCL in CI; FT_API=cuda: the CUDA backend and the CUDA variant
+# of the program, on a GPU only). The program (iterate, see ft.sh) runs natively
 # once, then through Tandem while its connection to its session worker is cut several times
 # under it (TANDEM_TEST_CUT_LINK_AFTER, a test-only client setting: the client closes its
 # fabric connection after every N-th batch it sent). The session must be resumed on the same
@@ -25,6 +26,11 @@ BUILD=${1:-}
 fail() { echo "linkcut: FAIL: $*" >&2; exit 1; }
 note() { echo "linkcut: $*" >&2; }
 TANDEMD=$BUILD/server/tandemd TANDEM=$BUILD/tools/tandem PROG=$BUILD/tests/ft/ft_iterate
+API=${FT_API:-opencl}
+if [[ $API == cuda ]]; then
+  nvidia-smi -L 2>/dev/null | grep -q '^GPU' || { echo "linkcut: no GPU: CUDA variant skipped" >&2; exit 77; }
+  PROG=$BUILD/tests/ft/ft_iterate_cuda
+fi
 for f in "$TANDEMD" "$TANDEM" "$PROG"; do [[ -x $f ]] || fail "not built: $f"; done
 
 SERVER_ENV=TANDEM_LOG=info  # the server's log shows each resume
@@ -36,16 +42,15 @@ CUTS=${LINKCUT_TIMES:-4}
 
 stat_of() { grep -o "[0-9]* $2" "$1" | grep -o "^[0-9]*" | head -1; }
 
-OCL_ICD_VENDORS=$NATIVE OCL_ICD_FILENAMES=$NATIVE_LIBS timeout 300 "$PROG" "${ARGS[@]}" >"$work/native.out" ||
-  fail "the native run failed"
+native() { OCL_ICD_VENDORS=$NATIVE OCL_ICD_FILENAMES=$NATIVE_LIBS timeout 300 "$PROG" "$@"; }
+native "${ARGS[@]}" >"$work/native.out" || fail "the native run failed"
 [[ $(grep -c '^round' "$work/native.out") -ge 4 ]] || fail "the native run printed too little"
 
 start a
 start spare
 
 BULK_ARGS=(--rounds "${LINKCUT_BULK_ROUNDS:-60}" --sleep-ms 1 --bulk-every 1)
-OCL_ICD_VENDORS=$NATIVE OCL_ICD_FILENAMES=$NATIVE_LIBS timeout 300 "$PROG" "${BULK_ARGS[@]}" >"$work/native-bulk.out" ||
-  fail "the native bulk run failed"
+native "${BULK_ARGS[@]}" >"$work/native-bulk.out" || fail "the native bulk run failed"
 
 # run NAME [VAR=VALUE...]: the program through Tandem on server a, its link cut CUTS times
 # (with PROG_ARGS instead of ARGS and EXPECT instead of native.out when set).
