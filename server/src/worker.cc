@@ -167,8 +167,8 @@ class ClientLink {
 // chunks land at the same offsets, so doing it again is harmless).
 class ClientBulk : public BulkIO {
  public:
-  // cut_every (--inject-cut-bulk-every, tests only): the client's connection is dropped in
-  // the middle of every N-th transfer, at its first chunk.
+  // cut_every (--inject-cut-bulk-every, tests only): the client's connection is dropped while
+  // every N-th transfer is under way, before the network moved all of it.
   ClientBulk(fabric::Endpoint* endpoint, fabric::Millis op_timeout, fabric::Millis grace, uint64_t cut_every)
       : endpoint_(endpoint), op_timeout_(op_timeout), grace_(grace), cut_every_(cut_every) {}
   void Connect(fabric::PeerId peer) {
@@ -186,9 +186,12 @@ class ClientBulk : public BulkIO {
   Status Pull(const ir::Region& remote, size_t len,
               const std::function<Status(const uint8_t* chunk, size_t offset, size_t n)>& sink) override {
     bool cut = CutThisOne();
+    // A transfer of one chunk is cut before its read is posted (at its sink, the read would
+    // already be done); a longer one at its first chunk, the next ones already being read.
+    if (cut && len <= FabricBulk::kChunk) cut = CutNow();
     return Run([&](FabricBulk& b) {
       return b.Pull(remote, len, [&](const uint8_t* chunk, size_t offset, size_t n) {
-        if (cut) cut = CutNow();  // the chunks after this one are already being read
+        if (cut) cut = CutNow();
         return sink(chunk, offset, n);
       });
     });
