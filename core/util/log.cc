@@ -1,5 +1,6 @@
 #include "tandem/log.h"
 
+#include <time.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -44,8 +45,21 @@ void SetComponent(std::string_view name) {
 
 void Write(Level level, std::string_view msg) {
   static const char* kNames[] = {"error", "warn", "info", "debug"};
+  // TANDEM_LOG_TIME=1: each line starts with CLOCK_MONOTONIC in microseconds, the same clock in
+  // every process of a host, so a client's and its servers' traces line up.
+  static const bool with_time = [] {
+    const char* v = std::getenv("TANDEM_LOG_TIME");
+    return v && *v && std::strcmp(v, "0") != 0;
+  }();
+  std::string stamp;
+  if (with_time) {
+    timespec ts{};
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    stamp = fmt::format("{}.{:06} ", ts.tv_sec, ts.tv_nsec / 1000);
+  }
   std::lock_guard<std::mutex> lock(g_mu);
-  std::string line = fmt::format("[{} {} {}] {}\n", g_component, getpid(), kNames[static_cast<int>(level)], msg);
+  std::string line =
+      fmt::format("{}[{} {} {}] {}\n", stamp, g_component, getpid(), kNames[static_cast<int>(level)], msg);
   // One write() per line so lines from several processes do not interleave.
   ssize_t n = ::write(STDERR_FILENO, line.data(), line.size());
   (void)n;

@@ -242,7 +242,7 @@ Status Session::ExecuteUrgent(const ir::UserEventSetReq& req, ir::UserEventSetRe
 
 template <class Req>
 void Session::Run(const ir::Record& rec, ir::BatchWriter& out) {
-  if (log::TraceEnabled()) log::Trace("{}", ir::TraceRequest(rec.header.opcode, rec.payload));
+  if (log::TraceEnabled()) log::Trace("run #{} {}", rec.header.seq, ir::TraceRequest(rec.header.opcode, rec.payload));
   Req req;
   Status st = ir::DecodeRequest(rec.payload, &req);
   // A malformed record is always answered: its flags cannot be trusted to say otherwise.
@@ -251,6 +251,7 @@ void Session::Run(const ir::Record& rec, ir::BatchWriter& out) {
   const auto started = std::chrono::steady_clock::now();
   st = Execute(req, rep.get());
   if (profile_) profile_->Add(std::string(Req::kName), std::chrono::steady_clock::now() - started);
+  if (log::TraceEnabled()) log::Trace("ran #{} {}: {}", rec.header.seq, Req::kName, st.ToString());
   commands_run_.fetch_add(1, std::memory_order_relaxed);
   // A protocol error (a command sent the wrong way) is answered at once, like a malformed one.
   const bool want_reply = (Req::kFlags & ir::kNeedsReply) || (rec.header.flags & ir::kRecordWantReply) ||
