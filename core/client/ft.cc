@@ -866,11 +866,18 @@ void FaultTolerance::RollbackAll(const std::string& why) {
       if (st.ok()) continue;
       log::Debug("fault tolerance: {} cannot roll back in place ({}): fresh sessions", g->name_, st.message());
     }
-    for (size_t i = 0; i < g->replicas_.size(); ++i) {
+    // By session, not by index: a replica that cannot be restored may be dropped from the
+    // list, and every other one must still be brought back to the checkpoint before the
+    // replay (one left as it was would run the log twice).
+    const std::vector<SessionImpl*> before = g->replicas_;
+    for (SessionImpl* s : before) {
+      auto at = std::find(g->replicas_.begin(), g->replicas_.end(), s);
+      if (at == g->replicas_.end()) continue;
+      const auto i = static_cast<size_t>(at - g->replicas_.begin());
       Status st = RestoreFresh(g.get(), i, g->addresses_[i], /*replay_log=*/false);
       if (!st.ok()) {
         log::Error("fault tolerance: cannot restore {}: {}", g->addresses_[i], st.message());
-        ReplaceLost(g.get(), i, st.message());
+        ReplaceLost(g.get(), i, st.message(), /*from_checkpoint=*/true);
       }
     }
   }
@@ -908,7 +915,7 @@ void FaultTolerance::RollbackAll(const std::string& why) {
   Stats::Get().rollback_ns.fetch_add(static_cast<uint64_t>(std::chrono::nanoseconds(Clock::now() - start).count()));
 }
 
-void FaultTolerance::ReplaceLost(GroupSession* g, size_t i, const std::string& why) {
+void FaultTolerance::ReplaceLost(GroupSession* g, size_t i, const std::string& why, bool from_checkpoint) {
   const auto start = Clock::now();
   touched_.insert(g);
   log::Warn("fault tolerance: replica {} of {} ({}) is lost: {}", i, g->name_, g->addresses_[i], why);
@@ -917,10 +924,12 @@ void FaultTolerance::ReplaceLost(GroupSession* g, size_t i, const std::string& w
     spares_.pop_front();
     // A survivor holds the current state: copy it over. Otherwise the checkpoint and the log.
     size_t survivor = g->replicas_.size();
-    for (size_t j = 0; j < g->replicas_.size(); ++j)
+    for (size_t j = 0; j < g->replicas_.size() && !from_checkpoint; ++j)
       if (j != i && g->replicas_[j]->health().ok()) survivor = j;
     Status st;
-    if (survivor < g->replicas_.size()) {
+    if (from_checkpoint) {
+      st = RestoreFresh(g, i, spare, /*replay_log=*/false);
+    } else if (survivor < g->replicas_.size()) {
       auto opened = source_->Open(spare);
       st = opened.status();
       if (st.ok()) {
@@ -987,13 +996,23 @@ void FaultTolerance::OnMismatch(const std::shared_ptr<Op>& op, std::vector<size_
     // N >= 3: only the outvoted replicas are restored, from one that won.
     size_t good = 0;
     while (std::find(outvoted.begin(), outvoted.end(), good) != outvoted.end()) ++good;
-    for (size_t bad : outvoted) {
-      if (bad >= g->replicas_.size()) continue;
+    if (good >= g->replicas_.size()) return;
+    // By session: ReplaceLost may drop an entry, and the indices after it move.
+    SessionImpl* winner = g->replicas_[good];
+    std::vector<SessionImpl*> losers;
+    for (size_t bad : outvoted)
+      if (bad < g->replicas_.size()) losers.push_back(g->replicas_[bad]);
+    auto index = [g](SessionImpl* s) {
+      return static_cast<size_t>(std::find(g->replicas_.begin(), g->replicas_.end(), s) - g->replicas_.begin());
+    };
+    for (SessionImpl* loser : losers) {
+      const size_t bad = index(loser), from = index(winner);
+      if (bad >= g->replicas_.size() || from >= g->replicas_.size()) continue;
       if (++g->outvoted_[bad] >= config_.max_retries && !spares_.empty()) {
         ReplaceLost(g, bad, "outvoted " + std::to_string(g->outvoted_[bad]) + " times in a row");
         continue;
       }
-      Status st = CopyFromPeer(g, bad, good);
+      Status st = CopyFromPeer(g, bad, from);
       if (!st.ok()) ReplaceLost(g, bad, st.message());
     }
     return;

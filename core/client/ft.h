@@ -155,7 +155,10 @@ class FaultTolerance {
   Status RestoreFresh(GroupSession* g, size_t i, const std::string& address, bool replay_log);
   Status RollbackInPlace(GroupSession* g);
   Status CopyFromPeer(GroupSession* g, size_t bad, size_t good);
-  void ReplaceLost(GroupSession* g, size_t i, const std::string& why);
+  // A spare takes replica i's place: a copy of a healthy survivor (or the checkpoint and the
+  // log when there is none); with from_checkpoint (inside a rollback, whose replay follows)
+  // the checkpoint alone. No spare left: the group goes on without it, or fails.
+  void ReplaceLost(GroupSession* g, size_t i, const std::string& why, bool from_checkpoint = false);
   void OnMismatch(const std::shared_ptr<Op>& op, std::vector<size_t> outvoted, bool majority);
   void FailGroup(GroupSession* g, const Status& why);
   std::vector<uint64_t> Devices(const GroupSession* g) const;

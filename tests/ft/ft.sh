@@ -11,6 +11,8 @@
 #     bitflip2  --inject-bitflip on one of 2 replicas: every flip detected, none in the output
 #     bitflip3  the same with 3 replicas: no global rollback
 #     bitflip2fresh  bitflip2 with rollbacks through fresh sessions (TANDEM_TEST_FRESH_ROLLBACK)
+#     lostinrollback  bitflip2fresh whose flipping server cannot be reached for a fresh session
+#               in a rollback (its broker SIGSTOPped), no spare: the other replica goes on alone
 #     control   the same flips without redundancy: the output must differ (so the test can fail)
 # After each run the surviving servers must hold no session of the finished program (each
 # session is a worker process; its exit frees everything).
@@ -148,6 +150,26 @@ bitflip2 | bitflip3 | bitflip2fresh)
   fi
   if [[ $scenario == bitflip2fresh ]]; then ((${in_place:-0} == 0)) || fail "in-place rollbacks despite TANDEM_TEST_FRESH_ROLLBACK"; fi
   no_leaks a b
+  ;;
+lostinrollback)
+  # A replica that cannot be given a fresh session in the middle of a rollback (its broker
+  # frozen: its worker still serves, a new Hello gets no answer) and no spare: the group goes
+  # on with the other replica, which must still be brought back to the checkpoint before
+  # the replay.
+  export TANDEM_TEST_FRESH_ROLLBACK=1
+  start a --inject-bitflip "${FT_FLIP_RATE:-0.05}"; start b
+  export TANDEM_SERVERS=${ADDR[a]},${ADDR[b]} TANDEM_REDUNDANCY=2 TANDEM_CHECKPOINT_PERIOD=0.5
+  run_tandem "$work/run.out" TANDEM_CONNECT_TIMEOUT_MS=1500 &
+  runner=$!
+  wait_running "$work/run.out" "$runner" 25
+  kill -STOP "${PID[a]}"  # the broker only
+  wait "$runner"; rc=$?
+  kill -CONT "${PID[a]}"
+  ((rc == 0)) || fail "the program failed (exit $rc)"
+  cmp -s "$work/native.out" "$work/run.out" || { diff "$work/native.out" "$work/run.out" | head >&2; fail "output differs"; }
+  grep -q "goes on with 1 replica" "$work/run.out.err" || fail "no replica was dropped in a rollback: the scenario did not happen"
+  note "a replica lost in a rollback, the group went on with one; output identical"
+  no_leaks b
   ;;
 control)
   # Flips in time here (a Poisson process), per read back in the other scenarios.
