@@ -3,9 +3,9 @@
 #include <xxhash.h>
 
 #include <algorithm>
-#include <optional>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 
 #include "stats.h"
 #include "tandem/log.h"
@@ -359,7 +359,8 @@ void FaultTolerance::Evaluate(const std::shared_ptr<Op>& op, uint64_t issue) {
   const size_t n = answers.size();
   if (op->opcode == static_cast<uint16_t>(ir::Opcode::kModuleGlobal)) {
     // The program addresses a global by the primary's address on every replica: they must
-    // agree (the driver places a module's globals alike in two fresh workers).
+    // agree (a fault-tolerant client's workers run without address randomization, so the
+    // driver places a module's globals alike in each).
     const Op::Answer* first = nullptr;
     for (const auto& a : answers) {
       if (!a.in || IsLinkLoss(a.st) || !a.st.ok()) continue;
