@@ -483,8 +483,7 @@ void FaultTolerance::RecoveryLoop() {
 void FaultTolerance::OnSessionLost(SessionImpl* s) {
   Schedule([this, s] {
     for (auto& g : groups_) {
-      for (size_t i = 0; i < g->replicas_.size(); ++i) {
-        if (g->replicas_[i] != s) continue;
+      if (const size_t i = g->IndexOf(s); i < g->replicas_.size()) {
         ReplaceLost(g.get(), i, s->health().message());
         return;
       }
@@ -872,9 +871,8 @@ void FaultTolerance::RollbackAll(const std::string& why) {
     // replay (one left as it was would run the log twice).
     const std::vector<SessionImpl*> before = g->replicas_;
     for (SessionImpl* s : before) {
-      auto at = std::find(g->replicas_.begin(), g->replicas_.end(), s);
-      if (at == g->replicas_.end()) continue;
-      const auto i = static_cast<size_t>(at - g->replicas_.begin());
+      const size_t i = g->IndexOf(s);
+      if (i >= g->replicas_.size()) continue;
       Status st = RestoreFresh(g.get(), i, g->addresses_[i], /*replay_log=*/false);
       if (!st.ok()) {
         log::Error("fault tolerance: cannot restore {}: {}", g->addresses_[i], st.message());
@@ -923,14 +921,14 @@ void FaultTolerance::ReplaceLost(GroupSession* g, size_t i, const std::string& w
   while (!spares_.empty()) {
     const std::string spare = spares_.front();
     spares_.pop_front();
-    // A survivor holds the current state: copy it over. Otherwise the checkpoint and the log.
+    // A survivor holds the current state: copy it over. Otherwise (and inside a rollback,
+    // whose survivors may not be restored yet) the checkpoint, and the log unless the
+    // rollback replays it.
     size_t survivor = g->replicas_.size();
     for (size_t j = 0; j < g->replicas_.size() && !from_checkpoint; ++j)
       if (j != i && g->replicas_[j]->health().ok()) survivor = j;
     Status st;
-    if (from_checkpoint) {
-      st = RestoreFresh(g, i, spare, /*replay_log=*/false);
-    } else if (survivor < g->replicas_.size()) {
+    if (survivor < g->replicas_.size()) {
       auto opened = source_->Open(spare);
       st = opened.status();
       if (st.ok()) {
@@ -952,7 +950,7 @@ void FaultTolerance::ReplaceLost(GroupSession* g, size_t i, const std::string& w
         source_->Retire(old);
       }
     } else {
-      st = RestoreFresh(g, i, spare, /*replay_log=*/true);
+      st = RestoreFresh(g, i, spare, /*replay_log=*/!from_checkpoint);
     }
     if (st.ok()) {
       log::Warn("fault tolerance: {} took over as replica {} of {} in {:.3f} s", spare, i, g->name_,
@@ -1003,11 +1001,8 @@ void FaultTolerance::OnMismatch(const std::shared_ptr<Op>& op, std::vector<size_
     std::vector<SessionImpl*> losers;
     for (size_t bad : outvoted)
       if (bad < g->replicas_.size()) losers.push_back(g->replicas_[bad]);
-    auto index = [g](SessionImpl* s) {
-      return static_cast<size_t>(std::find(g->replicas_.begin(), g->replicas_.end(), s) - g->replicas_.begin());
-    };
     for (SessionImpl* loser : losers) {
-      const size_t bad = index(loser), from = index(winner);
+      const size_t bad = g->IndexOf(loser), from = g->IndexOf(winner);
       if (bad >= g->replicas_.size() || from >= g->replicas_.size()) continue;
       if (++g->outvoted_[bad] >= config_.max_retries && !spares_.empty()) {
         ReplaceLost(g, bad, "outvoted " + std::to_string(g->outvoted_[bad]) + " times in a row");

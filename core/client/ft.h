@@ -29,6 +29,7 @@
 //    clear error (the API's device-lost error).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -88,6 +89,11 @@ class GroupSession final : public Session {
 
  private:
   friend class FaultTolerance;
+  // Where `s` is in replicas_ (replicas_.size() when it is not a member): recovery steps that
+  // may drop or swap replicas find theirs again by session.
+  size_t IndexOf(const SessionImpl* s) const {
+    return static_cast<size_t>(std::find(replicas_.begin(), replicas_.end(), s) - replicas_.begin());
+  }
   FaultTolerance* ft_;
   std::string name_, backend_;
   // Guarded by the FaultTolerance lock.

@@ -23,6 +23,12 @@ Level ParseLevel() {
   if (!std::strcmp(v, "debug")) return Level::kDebug;
   return Level::kWarn;
 }
+
+// A switch variable: on when set, non-empty and not "0".
+bool EnvOn(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v && std::strcmp(v, "0") != 0;
+}
 }  // namespace
 
 Level CurrentLevel() {
@@ -31,10 +37,7 @@ Level CurrentLevel() {
 }
 
 bool TraceEnabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("TANDEM_TRACE");
-    return v && *v && std::strcmp(v, "0") != 0;
-  }();
+  static const bool on = EnvOn("TANDEM_TRACE");
   return on;
 }
 
@@ -47,10 +50,7 @@ void Write(Level level, std::string_view msg) {
   static const char* kNames[] = {"error", "warn", "info", "debug"};
   // TANDEM_LOG_TIME=1: each line starts with CLOCK_MONOTONIC in microseconds, the same clock in
   // every process of a host, so a client's and its servers' traces line up.
-  static const bool with_time = [] {
-    const char* v = std::getenv("TANDEM_LOG_TIME");
-    return v && *v && std::strcmp(v, "0") != 0;
-  }();
+  static const bool with_time = EnvOn("TANDEM_LOG_TIME");
   std::string stamp;
   if (with_time) {
     timespec ts{};

@@ -16,6 +16,7 @@
 #include <optional>
 #include <span>
 #include <thread>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -188,10 +189,10 @@ class ClientBulk : public BulkIO {
     bool cut = CutThisOne();
     // A transfer of one chunk is cut before its read is posted (at its sink, the read would
     // already be done); a longer one at its first chunk, the next ones already being read.
-    if (cut && len <= FabricBulk::kChunk) cut = CutNow();
+    if (len <= FabricBulk::kChunk && std::exchange(cut, false)) CutNow();
     return Run([&](FabricBulk& b) {
       return b.Pull(remote, len, [&](const uint8_t* chunk, size_t offset, size_t n) {
-        if (cut) cut = CutNow();
+        if (std::exchange(cut, false)) CutNow();
         return sink(chunk, offset, n);
       });
     });
@@ -201,7 +202,7 @@ class ClientBulk : public BulkIO {
     bool cut = CutThisOne();
     return Run([&](FabricBulk& b) {
       return b.Push(remote, len, [&](uint8_t* chunk, size_t offset, size_t n) {
-        if (cut) cut = CutNow();  // before this chunk's RMA write is posted
+        if (std::exchange(cut, false)) CutNow();  // before this chunk's RMA write is posted
         return source(chunk, offset, n);
       });
     });
@@ -210,19 +211,17 @@ class ClientBulk : public BulkIO {
  private:
   bool CutThisOne() { return cut_every_ && ++transfers_ % cut_every_ == 0; }
   // Fault injection: drops the client's connection as a link loss would (the client sees it
-  // closed, reconnects and resumes; the transfer under way fails and is done again). False:
-  // the cut is done.
-  bool CutNow() {
+  // closed, reconnects and resumes; the transfer under way fails and is done again).
+  void CutNow() {
     fabric::PeerId peer;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (!current_) return false;
+      if (!current_) return;
       peer = peer_;
     }
     log::Warn("fault injection: dropping the client's connection during bulk transfer {} (--inject-cut-bulk-every)",
               transfers_.load());
     endpoint_->Close(peer);
-    return false;
   }
   Status Run(const std::function<Status(FabricBulk&)>& transfer) {
     std::shared_ptr<FabricBulk> bulk;
