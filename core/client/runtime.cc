@@ -138,28 +138,43 @@ class RuntimeImpl final : public Runtime, public SessionSource {
   void Shutdown() override {
     // Once: the program may call it and atexit calls it again.
     if (shut_down_.exchange(true)) return;
-    // Goodbyes only spare the servers their idle timeout: a server that died unnoticed
+    // Each goodbye is answered, and the program waits for the answers: a goodbye that is
+    // only flushed can die with this process (an exit with unread replies resets the TCP
+    // connection, and the reset discards what the worker had not read yet), and a resumable
+    // session's worker then waits --session-grace-ms for a client that never comes back.
+    // Goodbyes only spare the servers that wait, though: a server that died unnoticed
     // (sends to it retry for seconds) must not hold up the program's exit.
     struct Done {
       std::mutex m;
       std::condition_variable cv;
-      bool done = false;
+      size_t posted = 0, answered = 0;
+      bool flushed = false;
     };
     auto done = std::make_shared<Done>();
     std::thread([this, done] {
       for (SessionImpl* s : Sessions()) {
         if (!s->health().ok()) continue;
-        s->Post(ir::GoodbyeReq{});
+        {
+          std::lock_guard<std::mutex> l(done->m);
+          ++done->posted;
+        }
+        // Runs on the receiver thread, or with the session's loss: either way it is over.
+        s->Post(ir::GoodbyeReq{}, [done](const Status&, ir::GoodbyeRep&&) {
+          std::lock_guard<std::mutex> l(done->m);
+          ++done->answered;
+          done->cv.notify_all();
+        });
         s->Flush();
       }
       std::lock_guard<std::mutex> l(done->m);
-      done->done = true;
+      done->flushed = true;
       done->cv.notify_all();
     }).detach();
     {
       std::unique_lock<std::mutex> l(done->m);
-      if (!done->cv.wait_for(l, std::chrono::seconds(1), [&] { return done->done; }))
-        log::Warn("a server did not take its goodbye within 1 s; exiting anyway");
+      if (!done->cv.wait_for(l, std::chrono::seconds(1), [&] { return done->flushed && done->answered == done->posted; }))
+        log::Warn("{} of {} servers did not answer their goodbye within 1 s; exiting anyway",
+                  done->posted - done->answered, done->posted);
     }
     if (Stats::Enabled()) {
       std::fflush(stdout);  // the summary follows the program's own output

@@ -607,6 +607,13 @@ int RunWorker(const WorkerOptions& opt) {
   // in-process teardown of a GPU driver's contexts can take seconds the broker would
   // count as a live session.
   executor.Stop();
+  // The goodbye's answer may still sit in the provider's send queue, and the client waits
+  // for it before it exits: the worker ends when the client hangs up, or after 1 s.
+  for (const auto until = Clock::now() + std::chrono::seconds(1); connected && Clock::now() < until;) {
+    auto ev = ep->Next(std::chrono::milliseconds(50));
+    if (ev.ok() && ev.value().kind == fabric::EventKind::kPeerLost && ev.value().peer == client) break;
+    if (!ev.ok() && ev.status().code() != Code::kTimeout) break;
+  }
   EndNow("goodbye");
 }
 
