@@ -74,7 +74,7 @@ class PeerSink final : public BulkIO {
 };
 
 FabricPeerLink::FabricPeerLink(fabric::Endpoint* endpoint, fabric::Millis timeout)
-    : endpoint_(endpoint), timeout_(timeout), sender_([this] { SendLoop(); }) {}
+    : endpoint_(endpoint), timeout_(timeout), sender_([this] { SendLoop(); }), reader_([this] { ReadLoop(); }) {}
 
 FabricPeerLink::~FabricPeerLink() {
   {
@@ -83,6 +83,7 @@ FabricPeerLink::~FabricPeerLink() {
   }
   cv_.notify_all();
   sender_.join();
+  reader_.join();
 }
 
 void FabricPeerLink::Offer(uint64_t transfer, uint64_t size, Result<std::shared_ptr<HostBuffer>> bytes) {
@@ -90,21 +91,21 @@ void FabricPeerLink::Offer(uint64_t transfer, uint64_t size, Result<std::shared_
   if (auto pull = pulls_.find(transfer); pull != pulls_.end()) {
     const Pull p = pull->second;
     pulls_.erase(pull);
-    QueueSend(p.peer, transfer, size, p.size, std::move(bytes));
+    QueueSend(p.peer, transfer, size, p.size, std::move(bytes), p.rma);
     return;
   }
   offers_[transfer] = Offered{size, std::move(bytes), Clock::now()};
 }
 
 void FabricPeerLink::QueueSend(fabric::PeerId to, uint64_t transfer, uint64_t size, uint64_t pulled,
-                               Result<std::shared_ptr<HostBuffer>> bytes) {
+                               Result<std::shared_ptr<HostBuffer>> bytes, bool rma) {
   if (pulled != size)
     bytes = Status::Invalid(
         fmt::format("PeerSend: transfer {:#x} is {} bytes here, the puller asked for {}", transfer, size, pulled));
   else if (bytes.ok() && bytes.value()->size() < size)
     bytes = Status(Code::kInternal, fmt::format("PeerSend: a {}-byte buffer for a {}-byte transfer",
                                                 bytes.value()->size(), size));
-  sends_.push_back(SendJob{to, transfer, std::move(bytes)});
+  sends_.push_back(SendJob{to, transfer, std::move(bytes), rma});
   cv_.notify_all();
 }
 
@@ -121,7 +122,7 @@ Status FabricPeerLink::Expect(const std::string& peer, uint64_t transfer, std::s
       return Status::Invalid(fmt::format("PeerRecv: transfer {:#x} is already being received", transfer));
     expected_[transfer] = Expected{from.value(), std::move(into), 0, std::move(done), Clock::now()};
   }
-  Status st = SendPull(from.value(), transfer, size);
+  Status st = SendPull(from.value(), transfer, size, /*rma=*/true);
   if (!st.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
     expected_.erase(transfer);  // the caller fails the write with `st`
@@ -160,10 +161,22 @@ void FabricPeerLink::SendLoop() {
       log::Warn("PeerSend: no server pulled transfer {:#x} within {} ms", o.first, timeout_.count());
       return true;
     });
-    if (!expired.empty()) {
+    std::vector<Lent> unreleased;
+    for (auto it = lent_.begin(); it != lent_.end();) {
+      if (now - it->second.since > timeout_) {
+        log::Warn("PeerSend: the puller of transfer {:#x} did not release its bytes within {} ms", it->first,
+                  timeout_.count());
+        unreleased.push_back(std::move(it->second));
+        it = lent_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (!expired.empty() || !unreleased.empty()) {
       lock.unlock();
       for (auto& done : expired)
         done(Status(Code::kTimeout, fmt::format("PeerRecv: the source server sent nothing for {} ms", timeout_.count())));
+      unreleased.clear();  // deregistered outside the lock
       lock.lock();
     }
   }
@@ -175,6 +188,7 @@ void FabricPeerLink::SendTransfer(const SendJob& job) {
                                        job.bytes.status().message()});
     return;
   }
+  if (job.rma && Lend(job)) return;
   // The same chunks as a transfer through the executor, filled from the host buffer.
   HostBuffer& bytes = *job.bytes.value();
   PeerSource source(this, job.to, job.transfer, bytes.size());
@@ -184,6 +198,75 @@ void FabricPeerLink::SendTransfer(const SendJob& job) {
   });
   // The puller sees the link go.
   if (!st.ok()) log::Warn("PeerSend: transfer {:#x} cut: {}", job.transfer, st.ToString());
+}
+
+bool FabricPeerLink::Lend(const SendJob& job) {
+  const std::shared_ptr<HostBuffer>& bytes = job.bytes.value();
+  auto region = endpoint_->Register(bytes->data(), bytes->size(), fabric::kRemoteRead);
+  if (!region.ok()) {
+    static std::once_flag once;
+    std::call_once(once, [&] {
+      log::Warn("PeerSend: cannot register a transfer's bytes for RMA ({}); sending them as messages",
+                region.status().ToString());
+    });
+    return false;
+  }
+  const ir::PeerRegionReq answer{job.transfer, region.value()->remote_addr(), bytes->size(), region.value()->key()};
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    lent_[job.transfer] = Lent{job.to, bytes, std::move(region).value(), Clock::now()};
+  }
+  if (!SendAlone(job.to, answer)) {  // the puller is gone: so are its reads
+    Lent gone;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = lent_.find(job.transfer); it != lent_.end()) {
+      gone = std::move(it->second);
+      lent_.erase(it);
+    }
+  }
+  return true;
+}
+
+void FabricPeerLink::ReadLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait_for(lock, std::chrono::milliseconds(100), [this] { return stopping_ || !reads_.empty(); });
+    if (stopping_) return;
+    while (!reads_.empty()) {
+      ReadJob job = std::move(reads_.front());
+      reads_.pop_front();
+      lock.unlock();
+      ReadTransfer(job);
+      lock.lock();
+    }
+    // Reads that outlived their transfer: their memory goes once the provider is done.
+    std::erase_if(stuck_, [&](StuckRead& r) { return endpoint_->Wait(r.op, fabric::Millis(0)).code() != Code::kTimeout; });
+  }
+}
+
+void FabricPeerLink::ReadTransfer(ReadJob& job) {
+  const size_t size = job.into->size();
+  auto region = endpoint_->Register(job.into->data(), size, fabric::kLocal);
+  Status st = region.status();
+  if (st.ok()) {
+    auto op = endpoint_->PostRead(job.from, *region.value(), 0, job.region, 0, size);
+    st = op.status();
+    if (op.ok()) {
+      st = endpoint_->Wait(op.value(), timeout_);
+      if (st.code() == Code::kTimeout) {
+        std::lock_guard<std::mutex> lock(mu_);
+        stuck_.push_back(StuckRead{op.value(), std::move(region).value(), job.into});
+      }
+    }
+  }
+  SendAlone(job.from, ir::PeerReleaseReq{job.transfer});
+  if (st.ok()) rma_reads_.fetch_add(1);
+  if (!st.ok()) {
+    log::Warn("PeerRecv: transfer {:#x}: reading the source's {} bytes failed: {}", job.transfer, size, st.ToString());
+    st = Status(st.code() == Code::kTimeout ? Code::kTimeout : Code::kLinkLost,
+                "PeerRecv: reading the source server's bytes failed: " + st.message());
+  }
+  job.done(st);
 }
 
 Result<std::unique_ptr<BulkIO>> FabricPeerLink::Source(uint64_t transfer, uint64_t size) {
@@ -275,9 +358,10 @@ Result<fabric::PeerId> FabricPeerLink::ConnectTo(const std::string& peer) {
   return id.value();
 }
 
-Status FabricPeerLink::SendPull(fabric::PeerId peer, uint64_t transfer, uint64_t size) {
+Status FabricPeerLink::SendPull(fabric::PeerId peer, uint64_t transfer, uint64_t size, bool rma) {
   ir::BatchWriter w(ir::BatchKind::kRequests);
-  w.AddRequest(ir::PeerPullReq{transfer, size}, 0);
+  if (rma) w.AddRequest(ir::PeerPullRmaReq{transfer, size}, 0);
+  else w.AddRequest(ir::PeerPullReq{transfer, size}, 0);
   Status st = endpoint_->Send(peer, w.Finish());
   if (!st.ok()) return Status(Code::kLinkLost, "PeerRecv: cannot ask the source server: " + st.message());
   return st;
@@ -318,6 +402,8 @@ bool FabricPeerLink::OnMessage(fabric::PeerId peer, std::vector<uint8_t>&& messa
   }
   for (const auto& c : after.copies) std::memcpy(c.to, c.from, c.n);
   for (const auto& answer : after.answers) SendAlone(peer, answer);
+  for (uint64_t transfer : after.releases) SendAlone(peer, ir::PeerReleaseReq{transfer});
+  after.released.clear();
   for (auto& [done, status] : after.outcomes) done(status);
   for (auto& [done, status] : after.finished) done(status);
   return ok;
@@ -326,16 +412,55 @@ bool FabricPeerLink::OnMessage(fabric::PeerId peer, std::vector<uint8_t>&& messa
 bool FabricPeerLink::TakeRecord(fabric::PeerId peer, const ir::Record& rec,
                                 const std::shared_ptr<const std::vector<uint8_t>>& owner, Deferred* after) {
   switch (static_cast<ir::Opcode>(rec.header.opcode)) {
-    case ir::Opcode::kPeerPull: {
-      ir::PeerPullReq pull;
+    case ir::Opcode::kPeerPull:
+    case ir::Opcode::kPeerPullRma: {
+      const bool rma = static_cast<ir::Opcode>(rec.header.opcode) == ir::Opcode::kPeerPullRma;
+      ir::PeerPullReq pull;  // PeerPullRma has the same fields
       if (!ir::DecodeRequest(rec.payload, &pull).ok()) return false;
       if (auto o = offers_.find(pull.transfer); o != offers_.end()) {  // read already: send it
-        QueueSend(peer, pull.transfer, o->second.size, pull.size, std::move(o->second.bytes));
+        QueueSend(peer, pull.transfer, o->second.size, pull.size, std::move(o->second.bytes), rma);
         offers_.erase(o);
         return true;
       }
       if (pulls_.size() >= kMaxPendingPulls) return false;
-      pulls_[pull.transfer] = Pull{peer, pull.size};
+      pulls_[pull.transfer] = Pull{peer, pull.size, rma};
+      return true;
+    }
+    case ir::Opcode::kPeerRegion: {
+      ir::PeerRegionReq region;
+      if (!ir::DecodeRequest(rec.payload, &region).ok()) return false;
+      auto e = expected_.find(region.transfer);
+      if (e == expected_.end() || e->second.from != peer) {
+        // Timed out here already, or never asked for: the source may let the bytes go.
+        log::Warn("PeerRegion for transfer {:#x} nobody here waits for from that peer: released", region.transfer);
+        after->releases.push_back(region.transfer);
+        return true;
+      }
+      Expected& x = e->second;
+      if (x.received != 0 || region.len != x.into->size()) {
+        after->finished.emplace_back(
+            std::move(x.done), Status::Protocol(fmt::format("PeerRegion of transfer {:#x}: {} bytes after {} came, "
+                                                            "for a transfer of {}",
+                                                            region.transfer, region.len, x.received, x.into->size())));
+        after->releases.push_back(region.transfer);
+        expected_.erase(e);
+        return true;
+      }
+      reads_.push_back(ReadJob{peer, region.transfer, fabric::RemoteRegion{region.addr, region.len, region.key},
+                               std::move(x.into), std::move(x.done)});
+      expected_.erase(e);
+      return true;
+    }
+    case ir::Opcode::kPeerRelease: {
+      ir::PeerReleaseReq release;
+      if (!ir::DecodeRequest(rec.payload, &release).ok()) return false;
+      auto it = lent_.find(release.transfer);
+      if (it == lent_.end() || it->second.to != peer) {
+        log::Warn("PeerRelease for transfer {:#x} that peer was not lent: ignored", release.transfer);
+        return true;
+      }
+      after->released.push_back(std::move(it->second));
+      lent_.erase(it);
       return true;
     }
     case ir::Opcode::kPeerAbort: {
@@ -456,11 +581,21 @@ void FabricPeerLink::OnPeerLost(fabric::PeerId peer, const Status& why) {
   std::erase_if(pulls_, [&](const auto& p) { return p.second.peer == peer; });
   std::erase_if(exports_, [&](const auto& e) { return e.second.watcher == peer; });
   std::erase_if(sends_, [&](const SendJob& j) { return j.to == peer; });
+  std::vector<Lent> unlent;
+  for (auto it = lent_.begin(); it != lent_.end();) {
+    if (it->second.to == peer) {
+      unlent.push_back(std::move(it->second));
+      it = lent_.erase(it);
+    } else {
+      ++it;
+    }
+  }
   auto cut = TakeFrom(expected_, peer);
   // Whatever waits on that worker's events fails instead of waiting for ever.
   auto lost = TakeFrom(imports_, peer);
   cv_.notify_all();
   lock.unlock();
+  unlent.clear();
   for (auto& done : lost) done(-(ir::kEventFailedTandem + static_cast<int32_t>(Code::kServerLost)));
   for (auto& done : cut) done(Status(Code::kLinkLost, "the source server of a copy was lost: " + why.message()));
 }

@@ -6,6 +6,14 @@
 // only ever flows to a worker that asked for a transfer its own client ordered, and a
 // transfer id (64 random bits chosen by the client) is the only capability a puller needs.
 //
+// Asynchronous transfers (Offer / Expect) hold the whole transfer in host memory at both ends,
+// so the bytes need not pass through messages at all: the puller sends PeerPullRma, the
+// source registers its host copy and answers PeerRegion, and the puller reads it straight
+// into its own host copy by RMA (the provider's zero-copy path, not our message framing and
+// reassembly), then sends PeerRelease. A source that streams from the device (the blocking
+// path) answers PeerPullRma with PeerData as before, and a region nobody releases is let go
+// after the timeout.
+//
 // Cross-server event waits follow the same pull model: the importing worker connects to the
 // exporting one and sends PeerWatch{token}; the exporter answers PeerSignal{token, status} once
 // the exported event is done (ExportDone), whichever of the two comes first.
@@ -15,6 +23,7 @@
 // from whatever thread the backend reports completions on.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -58,12 +67,20 @@ class FabricPeerLink final : public PeerLink {
   bool OnMessage(fabric::PeerId peer, std::vector<uint8_t>&& message);
   void OnPeerLost(fabric::PeerId peer, const Status& why);
 
+  // What tests look at: transfers this worker read by RMA, and host copies it lends right now.
+  uint64_t rma_reads() const { return rma_reads_.load(); }
+  size_t lent() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return lent_.size();
+  }
+
  private:
   friend class PeerSource;
   friend class PeerSink;
   struct Pull {
     fabric::PeerId peer;
     uint64_t size;
+    bool rma = false;  // PeerPullRma: a PeerRegion may answer it
   };
   struct Chunk {  // bytes [at, at + len) of the message they came in
     uint64_t offset;
@@ -108,6 +125,22 @@ class FabricPeerLink final : public PeerLink {
     fabric::PeerId to = 0;
     uint64_t transfer = 0;
     Result<std::shared_ptr<HostBuffer>> bytes{Status::Ok()};
+    bool rma = false;
+  };
+  // Source side: a host copy registered for a puller's RMA read, until its PeerRelease.
+  struct Lent {
+    fabric::PeerId to = 0;
+    std::shared_ptr<HostBuffer> bytes;
+    std::unique_ptr<fabric::MemoryRegion> region;
+    Clock::time_point since;
+  };
+  // Destination side: a PeerRegion to read into an expected transfer's host copy.
+  struct ReadJob {
+    fabric::PeerId from = 0;
+    uint64_t transfer = 0;
+    fabric::RemoteRegion region;
+    std::shared_ptr<HostBuffer> into;
+    std::function<void(const Status&)> done;
   };
 
   // What OnMessage does once its lock is released, in this order.
@@ -123,25 +156,33 @@ class FabricPeerLink final : public PeerLink {
     std::vector<ir::PeerSignalReq> answers;
     std::vector<std::pair<std::function<void(int32_t)>, int32_t>> outcomes;
     std::vector<std::pair<std::function<void(const Status&)>, Status>> finished;
+    std::vector<uint64_t> releases;  // PeerRelease of regions nobody here reads (any more)
+    std::vector<Lent> released;      // deregistered and let go outside the lock
   };
   // One record of a peer's message, with mu_ held. False: not a valid peer record.
   bool TakeRecord(fabric::PeerId peer, const ir::Record& rec, const std::shared_ptr<const std::vector<uint8_t>>& owner,
                   Deferred* after);
   Result<fabric::PeerId> ConnectTo(const std::string& peer);
-  Status SendPull(fabric::PeerId peer, uint64_t transfer, uint64_t size);
+  Status SendPull(fabric::PeerId peer, uint64_t transfer, uint64_t size, bool rma = false);
   // Sends one peer command on its own (false when the peer is gone; logged).
   template <class Req>
   bool SendAlone(fabric::PeerId peer, const Req& req);
   // A pulled transfer whose bytes are ready goes to the sender thread. mu_ held.
   // `pulled`: the size the puller asked for (a mismatch fails the transfer).
   void QueueSend(fabric::PeerId to, uint64_t transfer, uint64_t size, uint64_t pulled,
-                 Result<std::shared_ptr<HostBuffer>> bytes);
+                 Result<std::shared_ptr<HostBuffer>> bytes, bool rma);
   template <class Table>
   static auto TakeFrom(Table& table, fabric::PeerId peer);
   // The sender thread: sends queued transfers, and fails expected transfers (and forgets
   // offers) that outlived the timeout.
   void SendLoop();
   void SendTransfer(const SendJob& job);
+  // Lends the bytes of a transfer to its puller's RMA read; false when they cannot be
+  // registered (the caller streams them instead).
+  bool Lend(const SendJob& job);
+  // The reader thread: reads PeerRegions into their transfers' host copies, one at a time.
+  void ReadLoop();
+  void ReadTransfer(ReadJob& job);
   // The next chunk of an inbox, waiting at most the timeout.
   Result<Chunk> NextChunk(uint64_t transfer);
   void CloseInbox(uint64_t transfer);
@@ -159,8 +200,20 @@ class FabricPeerLink final : public PeerLink {
   std::map<uint64_t, Offered> offers_;    // async source side: transfer -> bytes, before the pull
   std::map<uint64_t, Expected> expected_;  // async destination side: transfers being received
   std::deque<SendJob> sends_;
+  std::map<uint64_t, Lent> lent_;     // source side: transfers a puller reads by RMA
+  std::deque<ReadJob> reads_;         // destination side: regions to read
+  // Reads that outlived the timeout: their transfers failed, but the provider may still
+  // write into their memory, so it is kept until the read ends (reader thread only).
+  struct StuckRead {
+    fabric::OpId op;
+    std::unique_ptr<fabric::MemoryRegion> region;
+    std::shared_ptr<HostBuffer> into;
+  };
+  std::vector<StuckRead> stuck_;
+  std::atomic<uint64_t> rma_reads_{0};
   bool stopping_ = false;
   std::thread sender_;
+  std::thread reader_;
 };
 
 }  // namespace tandem::server

@@ -1,0 +1,219 @@
+// FabricPeerLink between two worker endpoints on 127.0.0.1 (tcp), in one process: an
+// asynchronous transfer goes by one RMA read of the source's host copy, which the source
+// lets go once the puller releases it; a source that streams from the device still feeds an
+// asynchronous puller; and a puller that misbehaves (a region of the wrong size, a release
+// of what it was never lent, a link that drops) fails only its own transfer.
+#include "peer_link.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <future>
+#include <numeric>
+#include <thread>
+
+#include "tandem/ir/codec.h"
+
+namespace tandem::server {
+namespace {
+
+using namespace std::chrono_literals;
+
+class VectorBuffer final : public HostBuffer {
+ public:
+  explicit VectorBuffer(size_t n, uint8_t fill = 0) : bytes_(n, fill) {}
+  uint8_t* data() override { return bytes_.data(); }
+  size_t size() const override { return bytes_.size(); }
+
+ private:
+  std::vector<uint8_t> bytes_;
+};
+
+std::shared_ptr<HostBuffer> Pattern(size_t n, uint8_t seed) {
+  auto b = std::make_shared<VectorBuffer>(n);
+  for (size_t i = 0; i < n; ++i) b->data()[i] = static_cast<uint8_t>(i * 31 + seed + (i >> 12));
+  return b;
+}
+
+// One worker: a listening endpoint, its peer link, and the thread that feeds the link what
+// the endpoint receives (as a worker's receive loop does).
+struct Worker {
+  std::unique_ptr<fabric::Endpoint> ep;
+  std::unique_ptr<FabricPeerLink> link;
+  std::thread pump;
+  std::atomic<bool> stop{false};
+  std::atomic<int> refused{0};
+
+  explicit Worker(fabric::Millis timeout = 5000ms) {
+    fabric::Options o;
+    o.provider = "tcp";
+    o.listen = "127.0.0.1:0";
+    auto opened = fabric::Endpoint::Open(o);
+    if (!opened.ok()) throw std::runtime_error(opened.status().ToString());
+    ep = std::move(opened).value();
+    link = std::make_unique<FabricPeerLink>(ep.get(), timeout);
+    pump = std::thread([this] {
+      while (!stop) {
+        auto ev = ep->Next(20ms);
+        if (!ev.ok()) continue;
+        if (ev->kind == fabric::EventKind::kPeerLost) link->OnPeerLost(ev->peer, ev->status);
+        else if (!link->OnMessage(ev->peer, std::move(ev->data))) ++refused;
+      }
+    });
+  }
+  ~Worker() {
+    stop = true;
+    pump.join();
+    link.reset();
+  }
+};
+
+// Expect on `to` from the worker at `from`: the future gets the transfer's outcome.
+std::future<Status> ExpectFrom(Worker& to, const std::string& from, uint64_t transfer, std::shared_ptr<HostBuffer> into) {
+  auto outcome = std::make_shared<std::promise<Status>>();
+  std::future<Status> f = outcome->get_future();
+  Status st = to.link->Expect(from, transfer, std::move(into), [outcome](const Status& s) { outcome->set_value(s); });
+  if (!st.ok()) outcome->set_value(st);
+  return f;
+}
+
+bool WaitFor(const std::function<bool()>& cond, std::chrono::milliseconds limit = 5000ms) {
+  for (auto until = std::chrono::steady_clock::now() + limit; std::chrono::steady_clock::now() < until;) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(5ms);
+  }
+  return cond();
+}
+
+TEST(PeerLink, AsynchronousTransferIsOneRmaReadThenReleased) {
+  Worker src, dst;
+  // Offered before and after the pull, and larger than one RMA chunk and one message.
+  for (size_t n : {size_t{1} << 10, size_t{5} << 20}) {
+    for (bool offer_first : {true, false}) {
+      const uint64_t transfer = 0x1000 + n + offer_first;
+      auto bytes = Pattern(n, static_cast<uint8_t>(transfer));
+      auto into = std::make_shared<VectorBuffer>(n, 0xee);
+      if (offer_first) src.link->Offer(transfer, n, bytes);
+      auto done = ExpectFrom(dst, src.ep->address(), transfer, into);
+      if (!offer_first) src.link->Offer(transfer, n, bytes);
+      ASSERT_EQ(done.wait_for(10s), std::future_status::ready);
+      ASSERT_TRUE(done.get().ok());
+      EXPECT_EQ(std::memcmp(into->data(), bytes->data(), n), 0) << n << " bytes";
+    }
+  }
+  EXPECT_EQ(dst.link->rma_reads(), 4u);
+  EXPECT_TRUE(WaitFor([&] { return src.link->lent() == 0; })) << "the source keeps bytes the puller released";
+  EXPECT_EQ(src.refused + dst.refused, 0);
+}
+
+TEST(PeerLink, StreamingSourceStillFeedsAnAsynchronousPuller) {
+  Worker src, dst;
+  const size_t n = (9u << 20) + 123;  // three chunks of the blocking path
+  auto bytes = Pattern(n, 7);
+  auto into = std::make_shared<VectorBuffer>(n);
+  auto done = ExpectFrom(dst, src.ep->address(), 42, into);
+  auto io = src.link->Source(42, n);  // waits for the pull
+  ASSERT_TRUE(io.ok()) << io.status().ToString();
+  ASSERT_TRUE(io.value()
+                  ->Push({}, n,
+                         [&](uint8_t* chunk, size_t offset, size_t len) {
+                           std::memcpy(chunk, bytes->data() + offset, len);
+                           return Status::Ok();
+                         })
+                  .ok());
+  ASSERT_EQ(done.wait_for(10s), std::future_status::ready);
+  ASSERT_TRUE(done.get().ok());
+  EXPECT_EQ(std::memcmp(into->data(), bytes->data(), n), 0);
+  EXPECT_EQ(dst.link->rma_reads(), 0u);
+}
+
+// A raw listening endpoint that speaks to a worker's link as a misbehaving peer would.
+struct RawPeer {
+  std::unique_ptr<fabric::Endpoint> ep;
+  RawPeer() {
+    auto opened = fabric::Endpoint::Open(fabric::Options{.provider = "tcp", .listen = "127.0.0.1:0"});
+    if (!opened.ok()) throw std::runtime_error(opened.status().ToString());
+    ep = std::move(opened).value();
+  }
+  template <class Req>
+  void Send(fabric::PeerId to, const Req& req) {
+    ir::BatchWriter w(ir::BatchKind::kRequests);
+    w.AddRequest(req, 0);
+    ASSERT_TRUE(ep->Send(to, w.Finish()).ok());
+  }
+  // The next message, whose first record must be a Req: its sender, or 0.
+  template <class Req>
+  fabric::PeerId Receive(Req* out) {
+    for (;;) {
+      auto ev = ep->Next(5000ms);
+      if (!ev.ok()) return 0;
+      if (ev->kind != fabric::EventKind::kMessage) continue;
+      std::vector<ir::Record> records;
+      if (!ir::ParseBatch(ev->data, ir::BatchKind::kRequests, &records).ok() || records.empty()) return 0;
+      if (records[0].header.opcode != static_cast<uint16_t>(Req::kOpcode)) return 0;
+      return ir::DecodeRequest(records[0].payload, out).ok() ? ev->peer : 0;
+    }
+  }
+};
+
+TEST(PeerLink, BadRegionsAndReleasesFailOnlyTheirOwnTransfer) {
+  Worker dst;
+  RawPeer source;
+  // A region that is not the transfer's size: that transfer fails, and is released.
+  auto into = std::make_shared<VectorBuffer>(4096);
+  auto done = ExpectFrom(dst, source.ep->address(), 1, into);
+  ir::PeerPullRmaReq pull;
+  const fabric::PeerId puller = source.Receive(&pull);
+  ASSERT_NE(puller, 0u);
+  EXPECT_EQ(pull.transfer, 1u);
+  EXPECT_EQ(pull.size, 4096u);
+  std::vector<uint8_t> bytes(8192, 0x11);
+  auto region = source.ep->Register(bytes.data(), bytes.size(), fabric::kRemoteRead);
+  ASSERT_TRUE(region.ok());
+  source.Send(puller, ir::PeerRegionReq{1, region.value()->remote_addr(), 8192, region.value()->key()});
+  ASSERT_EQ(done.wait_for(10s), std::future_status::ready);
+  Status st = done.get();
+  EXPECT_EQ(st.code(), Code::kProtocol) << st.ToString();
+  ir::PeerReleaseReq release;
+  EXPECT_EQ(source.Receive(&release), puller);
+  EXPECT_EQ(release.transfer, 1u);
+
+  // A region for a transfer nobody expects, and a release of something never lent: a
+  // release back, and nothing else.
+  source.Send(puller, ir::PeerRegionReq{99, region.value()->remote_addr(), 4096, region.value()->key()});
+  EXPECT_EQ(source.Receive(&release), puller);
+  EXPECT_EQ(release.transfer, 99u);
+  source.Send(puller, ir::PeerReleaseReq{12345});
+
+  // The next transfer from the same peer is read by RMA as it should be.
+  auto good = ExpectFrom(dst, source.ep->address(), 2, into);
+  ASSERT_EQ(source.Receive(&pull), puller);
+  source.Send(puller, ir::PeerRegionReq{2, region.value()->remote_addr(), 4096, region.value()->key()});
+  ASSERT_EQ(good.wait_for(10s), std::future_status::ready);
+  EXPECT_TRUE(good.get().ok());
+  EXPECT_EQ(into->data()[0], 0x11);
+  EXPECT_EQ(into->data()[4095], 0x11);
+  EXPECT_EQ(dst.link->rma_reads(), 1u);
+  EXPECT_EQ(dst.refused, 0) << "bad regions and releases fail their transfer, not the peer";
+}
+
+TEST(PeerLink, BytesLentToAPullerThatVanishesAreLetGo) {
+  Worker src;
+  const size_t n = 1u << 20;
+  src.link->Offer(7, n, Pattern(n, 3));
+  {
+    auto puller = std::make_unique<RawPeer>();
+    auto to = puller->ep->Connect(src.ep->address(), 5000ms);
+    ASSERT_TRUE(to.ok());
+    puller->Send(to.value(), ir::PeerPullRmaReq{7, n});
+    ir::PeerRegionReq region;
+    ASSERT_EQ(puller->Receive(&region), to.value());
+    EXPECT_EQ(region.len, n);
+    EXPECT_EQ(src.link->lent(), 1u);
+  }  // the puller's endpoint closes without a release
+  EXPECT_TRUE(WaitFor([&] { return src.link->lent() == 0; }, 15000ms));
+}
+
+}  // namespace
+}  // namespace tandem::server
