@@ -122,7 +122,7 @@ Status FabricPeerLink::Expect(const std::string& peer, uint64_t transfer, std::s
       return Status::Invalid(fmt::format("PeerRecv: transfer {:#x} is already being received", transfer));
     expected_[transfer] = Expected{from.value(), std::move(into), 0, std::move(done), Clock::now()};
   }
-  Status st = SendPull(from.value(), transfer, size, /*rma=*/true);
+  Status st = SendPull(from.value(), transfer, size, /*rma=*/size >= kRmaMinBytes);
   if (!st.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
     expected_.erase(transfer);  // the caller fails the write with `st`

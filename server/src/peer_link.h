@@ -7,7 +7,8 @@
 // transfer id (64 random bits chosen by the client) is the only capability a puller needs.
 //
 // Asynchronous transfers (Offer / Expect) hold the whole transfer in host memory at both ends,
-// so the bytes need not pass through messages at all: the puller sends PeerPullRma, the
+// so the bytes need not pass through messages at all: the puller of one of at least
+// kRmaMinBytes sends PeerPullRma, the
 // source registers its host copy and answers PeerRegion, and the puller reads it straight
 // into its own host copy by RMA (the provider's zero-copy path, not our message framing and
 // reassembly), then sends PeerRelease. A source that streams from the device (the blocking
@@ -45,6 +46,11 @@ namespace tandem::server {
 class FabricPeerLink final : public PeerLink {
  public:
   static constexpr size_t kChunk = 4u << 20;
+  // Asynchronous transfers from this size on are read by RMA; smaller ones come as one
+  // PeerData message, which saves the read's own round trip (in process over tcp, 2 cores:
+  // 4 KiB 76 against 233 us, 256 KiB about even, 1 MiB 0.66 against 0.52 ms, 4 MiB 4.0
+  // against 1.5 ms).
+  static constexpr size_t kRmaMinBytes = 512u << 10;
   // Pull requests waiting for their PeerSend (a bound against a flood of bogus ids).
   static constexpr size_t kMaxPendingPulls = 1024;
   // Exported events nobody watches yet, and watches of tokens not exported yet (the same kind

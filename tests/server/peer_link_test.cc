@@ -88,7 +88,8 @@ bool WaitFor(const std::function<bool()>& cond, std::chrono::milliseconds limit 
 
 TEST(PeerLink, AsynchronousTransferIsOneRmaReadThenReleased) {
   Worker src, dst;
-  // Offered before and after the pull, and larger than one RMA chunk and one message.
+  // Offered before and after the pull; small (one PeerData message) and larger than one RMA
+  // chunk and one message.
   for (size_t n : {size_t{1} << 10, size_t{5} << 20}) {
     for (bool offer_first : {true, false}) {
       const uint64_t transfer = 0x1000 + n + offer_first;
@@ -102,7 +103,7 @@ TEST(PeerLink, AsynchronousTransferIsOneRmaReadThenReleased) {
       EXPECT_EQ(std::memcmp(into->data(), bytes->data(), n), 0) << n << " bytes";
     }
   }
-  EXPECT_EQ(dst.link->rma_reads(), 4u);
+  EXPECT_EQ(dst.link->rma_reads(), 2u) << "the 5 MiB transfers, not the 1 KiB ones (a message)";
   EXPECT_TRUE(WaitFor([&] { return src.link->lent() == 0; })) << "the source keeps bytes the puller released";
   EXPECT_EQ(src.refused + dst.refused, 0);
 }
@@ -161,17 +162,18 @@ TEST(PeerLink, BadRegionsAndReleasesFailOnlyTheirOwnTransfer) {
   Worker dst;
   RawPeer source;
   // A region that is not the transfer's size: that transfer fails, and is released.
-  auto into = std::make_shared<VectorBuffer>(4096);
+  const size_t n = FabricPeerLink::kRmaMinBytes;
+  auto into = std::make_shared<VectorBuffer>(n);
   auto done = ExpectFrom(dst, source.ep->address(), 1, into);
   ir::PeerPullRmaReq pull;
   const fabric::PeerId puller = source.Receive(&pull);
   ASSERT_NE(puller, 0u);
   EXPECT_EQ(pull.transfer, 1u);
-  EXPECT_EQ(pull.size, 4096u);
-  std::vector<uint8_t> bytes(8192, 0x11);
+  EXPECT_EQ(pull.size, n);
+  std::vector<uint8_t> bytes(2 * n, 0x11);
   auto region = source.ep->Register(bytes.data(), bytes.size(), fabric::kRemoteRead);
   ASSERT_TRUE(region.ok());
-  source.Send(puller, ir::PeerRegionReq{1, region.value()->remote_addr(), 8192, region.value()->key()});
+  source.Send(puller, ir::PeerRegionReq{1, region.value()->remote_addr(), 2 * n, region.value()->key()});
   ASSERT_EQ(done.wait_for(10s), std::future_status::ready);
   Status st = done.get();
   EXPECT_EQ(st.code(), Code::kProtocol) << st.ToString();
@@ -181,7 +183,7 @@ TEST(PeerLink, BadRegionsAndReleasesFailOnlyTheirOwnTransfer) {
 
   // A region for a transfer nobody expects, and a release of something never lent: a
   // release back, and nothing else.
-  source.Send(puller, ir::PeerRegionReq{99, region.value()->remote_addr(), 4096, region.value()->key()});
+  source.Send(puller, ir::PeerRegionReq{99, region.value()->remote_addr(), n, region.value()->key()});
   EXPECT_EQ(source.Receive(&release), puller);
   EXPECT_EQ(release.transfer, 99u);
   source.Send(puller, ir::PeerReleaseReq{12345});
@@ -189,11 +191,11 @@ TEST(PeerLink, BadRegionsAndReleasesFailOnlyTheirOwnTransfer) {
   // The next transfer from the same peer is read by RMA as it should be.
   auto good = ExpectFrom(dst, source.ep->address(), 2, into);
   ASSERT_EQ(source.Receive(&pull), puller);
-  source.Send(puller, ir::PeerRegionReq{2, region.value()->remote_addr(), 4096, region.value()->key()});
+  source.Send(puller, ir::PeerRegionReq{2, region.value()->remote_addr(), n, region.value()->key()});
   ASSERT_EQ(good.wait_for(10s), std::future_status::ready);
   EXPECT_TRUE(good.get().ok());
   EXPECT_EQ(into->data()[0], 0x11);
-  EXPECT_EQ(into->data()[4095], 0x11);
+  EXPECT_EQ(into->data()[n - 1], 0x11);
   EXPECT_EQ(dst.link->rma_reads(), 1u);
   EXPECT_EQ(dst.refused, 0) << "bad regions and releases fail their transfer, not the peer";
 }

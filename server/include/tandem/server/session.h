@@ -81,7 +81,7 @@ class Session {
   // Server-to-server copies up to this size go through host memory without holding the
   // executor (Backend::ReadToHost / WriteFromHost); larger ones stream in chunks through it.
   // tandemd's TANDEM_ASYNC_PEER_BYTES changes it (0: every copy holds the executor).
-  static constexpr uint64_t kAsyncPeerBytes = 256u << 20;
+  static constexpr uint64_t kAsyncPeerBytes = 64u << 20;
   // Host bytes that asynchronous copies may hold at once (see TakeAsyncBytes).
   static constexpr uint64_t kAsyncPeerBudget = 1ull << 30;
 
