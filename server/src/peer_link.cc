@@ -13,14 +13,29 @@ namespace tandem::server {
 // The source side of one transfer: every chunk the backend fills goes to the puller.
 class PeerSource final : public BulkIO {
  public:
-  PeerSource(FabricPeerLink* link, fabric::PeerId to, uint64_t transfer, uint64_t size)
-      : link_(link), to_(to), transfer_(transfer), size_(size) {}
+  PeerSource(FabricPeerLink* link, fabric::PeerId to, uint64_t transfer, uint64_t size, bool rma = false)
+      : link_(link), to_(to), transfer_(transfer), size_(size), rma_(rma) {}
   Status Pull(const ir::Region&, size_t, const std::function<Status(const uint8_t*, size_t, size_t)>&) override {
     return Status(Code::kInternal, "a server-to-server source only sends");
   }
   Status Push(const ir::Region&, size_t len,
               const std::function<Status(uint8_t* chunk, size_t offset, size_t n)>& source) override {
     if (len != size_) return Status(Code::kInternal, fmt::format("PeerSend of {} bytes asked for {}", size_, len));
+    if (rma_) {
+      std::unique_lock<std::mutex> use(link_->source_ring_.use);
+      Status ring = link_->Ring(link_->source_ring_, FabricPeerLink::kSlots, fabric::kRemoteRead);
+      if (ring.ok()) {
+        Status st = PushRegions(len, source);
+        if (!st.ok())  // the puller fails at once instead of at its timeout
+          link_->SendAlone(to_, ir::PeerAbortReq{transfer_, static_cast<uint32_t>(st.code()), st.message()});
+        return st;
+      }
+      static std::once_flag once;
+      std::call_once(once, [&] {
+        log::Warn("PeerSend: cannot register the streaming ring for RMA ({}); sending chunks as messages",
+                  ring.ToString());
+      });
+    }
     for (size_t offset = 0; offset < len;) {
       const size_t n = std::min(FabricPeerLink::kChunk, len - offset);
       // The backend fills the message itself: no copy between its read and the send.
@@ -34,10 +49,38 @@ class PeerSource final : public BulkIO {
     return Status::Ok();
   }
 
- private:
+  private:
+  // Each chunk is read from the device into a ring slot and offered as a PeerRegion; a slot is
+  // refilled once the puller released what it held. Source ring lock held.
+  Status PushRegions(size_t len, const std::function<Status(uint8_t* chunk, size_t offset, size_t n)>& source) {
+    constexpr size_t kChunk = FabricPeerLink::kChunk, kSlots = FabricPeerLink::kSlots;
+    FabricPeerLink::RingMemory& ring = link_->source_ring_;
+    {
+      std::lock_guard<std::mutex> lock(link_->mu_);
+      link_->streams_[transfer_] = FabricPeerLink::Stream{to_};
+    }
+    const size_t chunks = (len + kChunk - 1) / kChunk;
+    Status st;
+    for (size_t c = 0; c < chunks && st.ok(); ++c) {
+      const size_t slot = c % kSlots, offset = c * kChunk, n = std::min(kChunk, len - offset);
+      if (c >= kSlots) st = link_->AwaitReleases(transfer_, c - kSlots + 1);
+      if (st.ok()) st = source(ring.bytes.get() + slot * kChunk, offset, n);
+      if (st.ok() && !link_->SendAlone(to_, ir::PeerRegionReq{transfer_, offset,
+                                                              ring.region->remote_addr() + slot * kChunk, n,
+                                                              ring.region->key()}))
+        st = Status(Code::kLinkLost, "PeerSend: the pulling server is gone");
+    }
+    // Every slot must be read before the ring serves the next transfer.
+    if (st.ok()) st = link_->AwaitReleases(transfer_, chunks);
+    std::lock_guard<std::mutex> lock(link_->mu_);
+    link_->streams_.erase(transfer_);
+    return st;
+  }
+
   FabricPeerLink* link_;
   fabric::PeerId to_;
   uint64_t transfer_, size_;
+  bool rma_;
 };
 
 // The destination side: asks for the transfer on the first Pull, then hands chunks over in
@@ -50,28 +93,146 @@ class PeerSink final : public BulkIO {
   Status Pull(const ir::Region&, size_t len,
               const std::function<Status(const uint8_t* chunk, size_t offset, size_t n)>& sink) override {
     if (len != size_) return Status(Code::kInternal, fmt::format("PeerRecv of {} bytes asked for {}", size_, len));
-    TANDEM_RETURN_IF_ERROR(link_->SendPull(from_, transfer_, size_));
-    for (size_t offset = 0; offset < len;) {
-      auto chunk = link_->NextChunk(transfer_);
-      if (!chunk.ok()) return chunk.status();
-      const FabricPeerLink::Chunk& c = chunk.value();
-      if (c.offset != offset || c.len == 0 || c.len > len - offset)
-        return Status::Protocol(fmt::format("PeerData of transfer {:#x}: bytes [{}, +{}) where [{}, ...) was due",
-                                            transfer_, c.offset, c.len, offset));
-      TANDEM_RETURN_IF_ERROR(sink(c.data(), offset, c.len));
-      offset += c.len;
+    std::unique_lock<std::mutex> use(link_->sink_ring_.use, std::defer_lock);
+    bool rma = false;
+    if (len >= FabricPeerLink::kRmaMinBytes) {
+      use.lock();
+      rma = link_->Ring(link_->sink_ring_, 2, fabric::kLocal).ok();
+      if (!rma) use.unlock();
     }
-    return Status::Ok();
+    TANDEM_RETURN_IF_ERROR(link_->SendPull(from_, transfer_, size_, rma));
+    Status st = Receive(len, sink);
+    // A read still in flight after a failure may write into the ring later: it is retired,
+    // never reused (a leak of two chunks, only when a read outlived its timeout).
+    if (posted_ && link_->endpoint_->Wait(*posted_, link_->timeout_).code() == Code::kTimeout) {
+      log::Warn("PeerRecv: an RMA read of transfer {:#x} outlived its timeout; its staging is retired", transfer_);
+      (void)link_->sink_ring_.bytes.release();
+      (void)link_->sink_ring_.region.release();
+    }
+    return st;
   }
   Status Push(const ir::Region&, size_t, const std::function<Status(uint8_t*, size_t, size_t)>&) override {
     return Status(Code::kInternal, "a server-to-server sink only receives");
   }
 
  private:
+  // Bytes [offset, +n) of the transfer: in a message, or read by RMA into ring slot `slot`.
+  struct Piece {
+    uint64_t offset = 0;
+    size_t n = 0;
+    const uint8_t* data = nullptr;
+    std::shared_ptr<const std::vector<uint8_t>> message;  // keeps `data` alive
+    std::optional<fabric::OpId> read;
+    bool last_of_region = false;  // its region is released once it is read
+  };
+
+  // The next piece in order: the rest of the current region (at most a chunk, read into `slot`),
+  // or the next chunk that came.
+  Result<Piece> Next(size_t len, int slot) {
+    if (!region_ || region_pos_ == region_->len) {
+      region_.reset();
+      auto chunk = link_->NextChunk(transfer_);
+      if (!chunk.ok()) return chunk.status();
+      FabricPeerLink::Chunk& c = chunk.value();
+      if (c.offset != queued_ || c.len == 0 || c.len > len - queued_)
+        return Status::Protocol(fmt::format("{} of transfer {:#x}: bytes [{}, +{}) where [{}, ...) of {} was due",
+                                            c.remote ? "PeerRegion" : "PeerData", transfer_, c.offset, c.len, queued_,
+                                            len));
+      if (c.remote && !link_->sink_ring_.region)
+        return Status::Protocol(fmt::format("PeerRegion of transfer {:#x}, which was pulled without RMA", transfer_));
+      queued_ += c.len;
+      if (!c.remote) return Piece{c.offset, c.len, c.data(), c.message, std::nullopt, false};
+      region_ = std::move(c);
+      region_pos_ = 0;
+    }
+    FabricPeerLink::RingMemory& ring = link_->sink_ring_;
+    const size_t n = std::min<size_t>(FabricPeerLink::kChunk, region_->len - region_pos_);
+    auto op = link_->endpoint_->PostRead(from_, *ring.region, slot * FabricPeerLink::kChunk, region_->region,
+                                         region_pos_, n);
+    if (!op.ok()) return Status(Code::kLinkLost, "PeerRecv: cannot read the source's bytes: " + op.status().message());
+    posted_ = op.value();
+    Piece p{region_->offset + region_pos_, n, ring.bytes.get() + slot * FabricPeerLink::kChunk, nullptr, op.value(),
+            false};
+    region_pos_ += n;
+    p.last_of_region = region_pos_ == region_->len;
+    return p;
+  }
+
+  Status Receive(size_t len, const std::function<Status(const uint8_t* chunk, size_t offset, size_t n)>& sink) {
+    int slot = 0;
+    auto p = Next(len, slot);
+    if (!p.ok()) return p.status();
+    if (p->read) slot ^= 1;
+    for (size_t written = 0;;) {
+      if (p->read) {
+        Status st = link_->endpoint_->Wait(*p->read, link_->timeout_);
+        if (!st.ok()) return Status(Code::kLinkLost, "PeerRecv: reading the source's bytes failed: " + st.message());
+        posted_.reset();
+        link_->rma_reads_.fetch_add(1);
+        if (p->last_of_region) link_->SendAlone(from_, ir::PeerReleaseReq{transfer_});
+      }
+      // The next read is on the wire while this piece goes to the device.
+      std::optional<Piece> q;
+      if (written + p->n < len) {
+        auto next = Next(len, slot);
+        if (!next.ok()) return next.status();
+        if (next->read) slot ^= 1;
+        q = std::move(next).value();
+      }
+      TANDEM_RETURN_IF_ERROR(sink(p->data, p->offset, p->n));
+      written += p->n;
+      if (!q) return Status::Ok();
+      p = std::move(*q);
+    }
+  }
+
   FabricPeerLink* link_;
   fabric::PeerId from_;
   uint64_t transfer_, size_;
+  uint64_t queued_ = 0;  // bytes of the chunks taken from the inbox
+  std::optional<FabricPeerLink::Chunk> region_;  // the remote chunk being read, and how far
+  uint64_t region_pos_ = 0;
+  std::optional<fabric::OpId> posted_;  // the last read posted and not waited for yet
 };
+
+void FabricPeerLink::Outcome::Finish(const Status& st) {
+  std::function<void(const Status&)> fn;
+  {
+    std::lock_guard<std::mutex> lock(m);
+    if (finished) return;
+    finished = true;
+    fn = std::move(done);
+  }
+  if (fn) fn(st);
+}
+
+void FabricPeerLink::Outcome::Read(uint64_t n) {
+  {
+    std::lock_guard<std::mutex> lock(m);
+    if (finished) return;
+    read += n;
+    if (read < size) return;
+  }
+  Finish(Status::Ok());
+}
+
+Status FabricPeerLink::Ring(RingMemory& ring, size_t slots, uint32_t access) {
+  if (ring.region) return Status::Ok();
+  if (!ring.bytes) ring.bytes = std::make_unique_for_overwrite<uint8_t[]>(slots * kChunk);
+  auto region = endpoint_->Register(ring.bytes.get(), slots * kChunk, access);
+  if (!region.ok()) return region.status();
+  ring.region = std::move(region).value();
+  return Status::Ok();
+}
+
+Status FabricPeerLink::AwaitReleases(uint64_t transfer, uint64_t count) {
+  std::unique_lock<std::mutex> lock(mu_);
+  Stream& s = streams_[transfer];
+  if (!cv_.wait_for(lock, timeout_, [&] { return s.released >= count || !s.failed.ok(); }))
+    return Status(Code::kTimeout, fmt::format("PeerSend: the puller of transfer {:#x} read nothing for {} ms", transfer,
+                                              timeout_.count()));
+  return s.failed;
+}
 
 FabricPeerLink::FabricPeerLink(fabric::Endpoint* endpoint, fabric::Millis timeout)
     : endpoint_(endpoint), timeout_(timeout), sender_([this] { SendLoop(); }), reader_([this] { ReadLoop(); }) {}
@@ -120,7 +281,7 @@ Status FabricPeerLink::Expect(const std::string& peer, uint64_t transfer, std::s
     std::lock_guard<std::mutex> lock(mu_);
     if (expected_.contains(transfer) || inboxes_.contains(transfer))
       return Status::Invalid(fmt::format("PeerRecv: transfer {:#x} is already being received", transfer));
-    expected_[transfer] = Expected{from.value(), std::move(into), 0, std::move(done), Clock::now()};
+    expected_[transfer] = Expected{from.value(), std::move(into), 0, std::move(done), nullptr, Clock::now()};
   }
   Status st = SendPull(from.value(), transfer, size, /*rma=*/size >= kRmaMinBytes);
   if (!st.ok()) {
@@ -150,7 +311,7 @@ void FabricPeerLink::SendLoop() {
       if (now - it->second.since > timeout_) {
         log::Warn("PeerRecv: transfer {:#x} got {} of {} bytes in {} ms", it->first, it->second.received,
                   it->second.into->size(), timeout_.count());
-        expired.push_back(std::move(it->second.done));
+        expired.push_back(it->second.Ender());
         it = expected_.erase(it);
       } else {
         ++it;
@@ -211,7 +372,7 @@ bool FabricPeerLink::Lend(const SendJob& job) {
     });
     return false;
   }
-  const ir::PeerRegionReq answer{job.transfer, region.value()->remote_addr(), bytes->size(), region.value()->key()};
+  const ir::PeerRegionReq answer{job.transfer, 0, region.value()->remote_addr(), bytes->size(), region.value()->key()};
   {
     std::lock_guard<std::mutex> lock(mu_);
     lent_[job.transfer] = Lent{job.to, bytes, std::move(region).value(), Clock::now()};
@@ -245,9 +406,14 @@ void FabricPeerLink::ReadLoop() {
 }
 
 void FabricPeerLink::ReadTransfer(ReadJob& job) {
-  const size_t size = job.into->size();
-  auto region = endpoint_->Register(job.into->data(), size, fabric::kLocal);
-  Status st = region.status();
+  const size_t size = job.region.len;
+  Status st;
+  if (job.outcome->over()) {  // an earlier region of it failed, or it timed out
+    SendAlone(job.from, ir::PeerReleaseReq{job.transfer});
+    return;
+  }
+  auto region = endpoint_->Register(job.into->data() + job.offset, size, fabric::kLocal);
+  st = region.status();
   if (st.ok()) {
     auto op = endpoint_->PostRead(job.from, *region.value(), 0, job.region, 0, size);
     st = op.status();
@@ -260,13 +426,15 @@ void FabricPeerLink::ReadTransfer(ReadJob& job) {
     }
   }
   SendAlone(job.from, ir::PeerReleaseReq{job.transfer});
-  if (st.ok()) rma_reads_.fetch_add(1);
-  if (!st.ok()) {
-    log::Warn("PeerRecv: transfer {:#x}: reading the source's {} bytes failed: {}", job.transfer, size, st.ToString());
-    st = Status(st.code() == Code::kTimeout ? Code::kTimeout : Code::kLinkLost,
-                "PeerRecv: reading the source server's bytes failed: " + st.message());
+  if (st.ok()) {
+    rma_reads_.fetch_add(1);
+    job.outcome->Read(size);
+    return;
   }
-  job.done(st);
+  log::Warn("PeerRecv: transfer {:#x}: reading {} bytes at {} from the source failed: {}", job.transfer, size,
+            job.offset, st.ToString());
+  job.outcome->Finish(Status(st.code() == Code::kTimeout ? Code::kTimeout : Code::kLinkLost,
+                             "PeerRecv: reading the source server's bytes failed: " + st.message()));
 }
 
 Result<std::unique_ptr<BulkIO>> FabricPeerLink::Source(uint64_t transfer, uint64_t size) {
@@ -280,7 +448,7 @@ Result<std::unique_ptr<BulkIO>> FabricPeerLink::Source(uint64_t transfer, uint64
   if (pull.size != size)
     return Status::Invalid(
         fmt::format("PeerSend: transfer {:#x} is {} bytes here, the puller asked for {}", transfer, size, pull.size));
-  return std::unique_ptr<BulkIO>(new PeerSource(this, pull.peer, transfer, size));
+  return std::unique_ptr<BulkIO>(new PeerSource(this, pull.peer, transfer, size, pull.rma));
 }
 
 Result<std::unique_ptr<BulkIO>> FabricPeerLink::Sink(const std::string& peer, uint64_t transfer, uint64_t size) {
@@ -429,26 +597,20 @@ bool FabricPeerLink::TakeRecord(fabric::PeerId peer, const ir::Record& rec,
     case ir::Opcode::kPeerRegion: {
       ir::PeerRegionReq region;
       if (!ir::DecodeRequest(rec.payload, &region).ok()) return false;
-      auto e = expected_.find(region.transfer);
-      if (e == expected_.end() || e->second.from != peer) {
-        // Timed out here already, or never asked for: the source may let the bytes go.
-        log::Warn("PeerRegion for transfer {:#x} nobody here waits for from that peer: released", region.transfer);
-        after->releases.push_back(region.transfer);
+      const fabric::RemoteRegion remote{region.addr, region.len, region.key};
+      if (auto e = expected_.find(region.transfer); e != expected_.end() && e->second.from == peer) {
+        TakeRegion(peer, region.transfer, region.offset, remote, after);
         return true;
       }
-      Expected& x = e->second;
-      if (x.received != 0 || region.len != x.into->size()) {
-        after->finished.emplace_back(
-            std::move(x.done), Status::Protocol(fmt::format("PeerRegion of transfer {:#x}: {} bytes after {} came, "
-                                                            "for a transfer of {}",
-                                                            region.transfer, region.len, x.received, x.into->size())));
-        after->releases.push_back(region.transfer);
-        expected_.erase(e);
+      // A transfer the executor pulls: its sink reads the region.
+      auto in = inboxes_.find(region.transfer);
+      if (outgoing_.contains(peer) && in != inboxes_.end() && in->second.from == peer) {
+        in->second.chunks.push_back(Chunk{region.offset, nullptr, 0, region.len, true, remote});
         return true;
       }
-      reads_.push_back(ReadJob{peer, region.transfer, fabric::RemoteRegion{region.addr, region.len, region.key},
-                               std::move(x.into), std::move(x.done)});
-      expected_.erase(e);
+      // Timed out here already, or never asked for: the source may let the bytes go.
+      log::Warn("PeerRegion for transfer {:#x} nobody here waits for from that peer: released", region.transfer);
+      after->releases.push_back(region.transfer);
       return true;
     }
     case ir::Opcode::kPeerRelease: {
@@ -456,6 +618,10 @@ bool FabricPeerLink::TakeRecord(fabric::PeerId peer, const ir::Record& rec,
       if (!ir::DecodeRequest(rec.payload, &release).ok()) return false;
       auto it = lent_.find(release.transfer);
       if (it == lent_.end() || it->second.to != peer) {
+        if (auto s = streams_.find(release.transfer); s != streams_.end() && s->second.to == peer) {
+          ++s->second.released;  // a ring slot is free again
+          return true;
+        }
         log::Warn("PeerRelease for transfer {:#x} that peer was not lent: ignored", release.transfer);
         return true;
       }
@@ -473,7 +639,7 @@ bool FabricPeerLink::TakeRecord(fabric::PeerId peer, const ir::Record& rec,
         if (in != inboxes_.end() && in->second.from == peer) in->second.failed = why;
         return true;
       }
-      after->finished.emplace_back(std::move(it->second.done), why);
+      after->finished.emplace_back(it->second.Ender(), why);
       expected_.erase(it);
       return true;
     }
@@ -491,9 +657,9 @@ bool FabricPeerLink::TakeRecord(fabric::PeerId peer, const ir::Record& rec,
           log::Warn("PeerData for transfer {:#x} from a peer not asked for it: dropped", transfer);
           return true;
         }
-        if (offset != x.received || n > x.into->size() - x.received) {
+        if (offset != x.received || n > x.into->size() - x.received || x.outcome) {
           after->finished.emplace_back(
-              std::move(x.done), Status::Protocol(fmt::format("PeerData of transfer {:#x}: bytes [{}, +{}) where "
+              x.Ender(), Status::Protocol(fmt::format("PeerData of transfer {:#x}: bytes [{}, +{}) where "
                                                               "[{}, ...) of {} was due",
                                                               transfer, offset, n, x.received, x.into->size())));
           expected_.erase(e);
@@ -554,6 +720,32 @@ bool FabricPeerLink::TakeRecord(fabric::PeerId peer, const ir::Record& rec,
   }
 }
 
+void FabricPeerLink::TakeRegion(fabric::PeerId peer, uint64_t transfer, uint64_t offset,
+                                const fabric::RemoteRegion& region, Deferred* after) {
+  auto e = expected_.find(transfer);
+  Expected& x = e->second;
+  const uint64_t size = x.into->size();
+  // In order, within the transfer, and not after bytes that came as messages.
+  if (offset != x.received || region.len == 0 || region.len > size - x.received || (x.received && !x.outcome)) {
+    after->finished.emplace_back(
+        x.Ender(), Status::Protocol(fmt::format("PeerRegion of transfer {:#x}: bytes [{}, +{}) where [{}, ...) of {} "
+                                                "was due",
+                                                transfer, offset, region.len, x.received, size)));
+    after->releases.push_back(transfer);
+    expected_.erase(e);
+    return;
+  }
+  if (!x.outcome) {
+    x.outcome = std::make_shared<Outcome>();
+    x.outcome->done = std::move(x.done);
+    x.outcome->size = size;
+  }
+  reads_.push_back(ReadJob{peer, transfer, region, x.into, offset, x.outcome});
+  x.received += region.len;
+  x.since = Clock::now();
+  if (x.received == size) expected_.erase(e);  // the reads end it now
+}
+
 // The `done` of every entry from `peer`, taken out of the table.
 template <class Table>
 auto FabricPeerLink::TakeFrom(Table& table, fabric::PeerId peer) {
@@ -590,7 +782,17 @@ void FabricPeerLink::OnPeerLost(fabric::PeerId peer, const Status& why) {
       ++it;
     }
   }
-  auto cut = TakeFrom(expected_, peer);
+  for (auto& [transfer, stream] : streams_)
+    if (stream.to == peer) stream.failed = Status(Code::kLinkLost, "the pulling server was lost: " + why.message());
+  std::vector<std::function<void(const Status&)>> cut;
+  for (auto it = expected_.begin(); it != expected_.end();) {
+    if (it->second.from == peer) {
+      cut.push_back(it->second.Ender());
+      it = expected_.erase(it);
+    } else {
+      ++it;
+    }
+  }
   // Whatever waits on that worker's events fails instead of waiting for ever.
   auto lost = TakeFrom(imports_, peer);
   cv_.notify_all();

@@ -6,14 +6,15 @@
 // only ever flows to a worker that asked for a transfer its own client ordered, and a
 // transfer id (64 random bits chosen by the client) is the only capability a puller needs.
 //
-// Asynchronous transfers (Offer / Expect) hold the whole transfer in host memory at both ends,
-// so the bytes need not pass through messages at all: the puller of one of at least
-// kRmaMinBytes sends PeerPullRma, the
-// source registers its host copy and answers PeerRegion, and the puller reads it straight
-// into its own host copy by RMA (the provider's zero-copy path, not our message framing and
-// reassembly), then sends PeerRelease. A source that streams from the device (the blocking
-// path) answers PeerPullRma with PeerData as before, and a region nobody releases is let go
-// after the timeout.
+// By RMA: a puller of at least kRmaMinBytes sends PeerPullRma instead, and the source answers
+// with PeerRegions, bytes [offset, +len) registered for the puller to read itself (the
+// provider's zero-copy path, not our message framing, fragmenting and reassembly); after each
+// read the puller sends PeerRelease. An asynchronous source (Offer) holds the whole transfer in
+// host memory and lends it as one region, freed on its release; a streaming source (Source,
+// the executor reading the device chunk by chunk) fills a ring of kSlots registered chunks,
+// one region each, and each release frees a slot for the next chunk. A source that cannot
+// register memory answers with PeerData, which every puller still takes; a region nobody
+// releases is let go after the timeout.
 //
 // Cross-server event waits follow the same pull model: the importing worker connects to the
 // exporting one and sends PeerWatch{token}; the exporter answers PeerSignal{token, status} once
@@ -46,6 +47,8 @@ namespace tandem::server {
 class FabricPeerLink final : public PeerLink {
  public:
   static constexpr size_t kChunk = 4u << 20;
+  // Chunks a streaming source may have read ahead of its puller's RMA reads.
+  static constexpr size_t kSlots = 4;
   // Asynchronous transfers from this size on are read by RMA; smaller ones come as one
   // PeerData message, which saves the read's own round trip (in process over tcp, 2 cores:
   // 4 KiB 76 against 233 us, 256 KiB about even, 1 MiB 0.66 against 0.52 ms, 4 MiB 4.0
@@ -88,11 +91,28 @@ class FabricPeerLink final : public PeerLink {
     uint64_t size;
     bool rma = false;  // PeerPullRma: a PeerRegion may answer it
   };
-  struct Chunk {  // bytes [at, at + len) of the message they came in
+  // Bytes [offset, +len) of a transfer: [at, at + len) of the message they came in, or (remote)
+  // a PeerRegion of the source's to read.
+  struct Chunk {
     uint64_t offset;
     std::shared_ptr<const std::vector<uint8_t>> message;
     size_t at, len;
+    bool remote = false;
+    fabric::RemoteRegion region;
     const uint8_t* data() const { return message->data() + at; }
+  };
+  // How an expected transfer read by RMA ends: once, on whichever thread sees it end first.
+  struct Outcome {
+    std::mutex m;
+    std::function<void(const Status&)> done;
+    uint64_t size = 0, read = 0;
+    bool finished = false;
+    void Finish(const Status& st);
+    void Read(uint64_t n);  // finishes once every byte is read
+    bool over() {
+      std::lock_guard<std::mutex> lock(m);
+      return finished;
+    }
   };
   // An exported event: finished or not, and who watches it (watched before it was exported,
   // or exported and finished before anyone watched).
@@ -118,13 +138,20 @@ class FabricPeerLink final : public PeerLink {
     Result<std::shared_ptr<HostBuffer>> bytes{Status::Ok()};
     Clock::time_point since;
   };
-  // Destination side: where the bytes go, how many came, and who hears the outcome.
+  // Destination side: where the bytes go, how many came (PeerData) or are being read
+  // (PeerRegions: then `outcome` ends it), and who hears the outcome.
   struct Expected {
     fabric::PeerId from = 0;
     std::shared_ptr<HostBuffer> into;
     uint64_t received = 0;
     std::function<void(const Status&)> done;
+    std::shared_ptr<Outcome> outcome;
     Clock::time_point since;
+    // What ends the transfer with a failure (its `done`, or its outcome's once reads began).
+    std::function<void(const Status&)> Ender() {
+      if (outcome) return [o = outcome](const Status& st) { o->Finish(st); };
+      return std::move(done);
+    }
   };
   // One transfer for the sender thread: its bytes, or why the source could not read them.
   struct SendJob {
@@ -140,13 +167,20 @@ class FabricPeerLink final : public PeerLink {
     std::unique_ptr<fabric::MemoryRegion> region;
     Clock::time_point since;
   };
-  // Destination side: a PeerRegion to read into an expected transfer's host copy.
+  // Destination side: a PeerRegion to read into an expected transfer's host copy at `offset`.
   struct ReadJob {
     fabric::PeerId from = 0;
     uint64_t transfer = 0;
     fabric::RemoteRegion region;
     std::shared_ptr<HostBuffer> into;
-    std::function<void(const Status&)> done;
+    uint64_t offset = 0;
+    std::shared_ptr<Outcome> outcome;
+  };
+  // Source side: a streamed transfer's ring slots its puller has released.
+  struct Stream {
+    fabric::PeerId to = 0;
+    uint64_t released = 0;
+    Status failed;
   };
 
   // What OnMessage does once its lock is released, in this order.
@@ -179,6 +213,9 @@ class FabricPeerLink final : public PeerLink {
                  Result<std::shared_ptr<HostBuffer>> bytes, bool rma);
   template <class Table>
   static auto TakeFrom(Table& table, fabric::PeerId peer);
+  // A PeerRegion for an expected (asynchronous) transfer: queued for the reader. mu_ held.
+  void TakeRegion(fabric::PeerId peer, uint64_t transfer, uint64_t offset, const fabric::RemoteRegion& region,
+                  Deferred* after);
   // The sender thread: sends queued transfers, and fails expected transfers (and forgets
   // offers) that outlived the timeout.
   void SendLoop();
@@ -208,6 +245,20 @@ class FabricPeerLink final : public PeerLink {
   std::deque<SendJob> sends_;
   std::map<uint64_t, Lent> lent_;     // source side: transfers a puller reads by RMA
   std::deque<ReadJob> reads_;         // destination side: regions to read
+  std::map<uint64_t, Stream> streams_;  // source side: streamed transfers read by RMA
+  // Registered memory of the link's own, made once (Ring): the kSlots chunks a streaming
+  // source fills, and the two a streaming sink reads into. Each serves one transfer at a time
+  // (the executor's), under its own lock.
+  struct RingMemory {
+    std::mutex use;
+    std::unique_ptr<uint8_t[]> bytes;
+    std::unique_ptr<fabric::MemoryRegion> region;
+  };
+  RingMemory source_ring_, sink_ring_;
+  // Registers `ring` (slots chunks) once; its `use` lock held.
+  Status Ring(RingMemory& ring, size_t slots, uint32_t access);
+  // A streaming source waits until its puller released `count` regions of `transfer`.
+  Status AwaitReleases(uint64_t transfer, uint64_t count);
   // Reads that outlived the timeout: their transfers failed, but the provider may still
   // write into their memory, so it is kept until the read ends (reader thread only).
   struct StuckRead {

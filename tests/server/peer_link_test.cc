@@ -32,7 +32,11 @@ class VectorBuffer final : public HostBuffer {
 
 std::shared_ptr<HostBuffer> Pattern(size_t n, uint8_t seed) {
   auto b = std::make_shared<VectorBuffer>(n);
-  for (size_t i = 0; i < n; ++i) b->data()[i] = static_cast<uint8_t>(i * 31 + seed + (i >> 12));
+  uint64_t x = 0x9e3779b97f4a7c15ull ^ seed;  // no period a chunk or a ring could hide in
+  for (size_t i = 0; i < n; ++i) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    b->data()[i] = static_cast<uint8_t>(x >> 56);
+  }
   return b;
 }
 
@@ -108,7 +112,7 @@ TEST(PeerLink, AsynchronousTransferIsOneRmaReadThenReleased) {
   EXPECT_EQ(src.refused + dst.refused, 0);
 }
 
-TEST(PeerLink, StreamingSourceStillFeedsAnAsynchronousPuller) {
+TEST(PeerLink, StreamingSourceFeedsAnAsynchronousPullerChunkByChunk) {
   Worker src, dst;
   const size_t n = (9u << 20) + 123;  // three chunks of the blocking path
   auto bytes = Pattern(n, 7);
@@ -126,7 +130,55 @@ TEST(PeerLink, StreamingSourceStillFeedsAnAsynchronousPuller) {
   ASSERT_EQ(done.wait_for(10s), std::future_status::ready);
   ASSERT_TRUE(done.get().ok());
   EXPECT_EQ(std::memcmp(into->data(), bytes->data(), n), 0);
-  EXPECT_EQ(dst.link->rma_reads(), 0u);
+  EXPECT_EQ(dst.link->rma_reads(), 3u) << "one region per ring chunk";
+}
+
+// The executor's sink (PeerRecv's blocking path) pulls from a streaming source (a ring of
+// regions), from an asynchronous one (one region, read a chunk at a time) and, below the RMA
+// size, by messages.
+TEST(PeerLink, StreamingSinkReadsEitherSourceAndSmallOnesByMessage) {
+  Worker src, dst;
+  uint64_t reads = 0;
+  for (int kind = 0; kind < 3; ++kind) {
+    const size_t n = kind == 2 ? 64u << 10 : (33u << 20) + 5;  // twice the ring, and more
+    const uint64_t transfer = 0x500 + kind;
+    auto bytes = Pattern(n, static_cast<uint8_t>(kind));
+    std::thread source;
+    if (kind == 1) {
+      src.link->Offer(transfer, n, bytes);
+    } else {
+      source = std::thread([&, transfer, n] {
+        auto io = src.link->Source(transfer, n);
+        ASSERT_TRUE(io.ok()) << io.status().ToString();
+        EXPECT_TRUE(io.value()
+                        ->Push({}, n,
+                               [&](uint8_t* chunk, size_t offset, size_t len) {
+                                 std::memcpy(chunk, bytes->data() + offset, len);
+                                 return Status::Ok();
+                               })
+                        .ok());
+      });
+    }
+    auto io = dst.link->Sink(src.ep->address(), transfer, n);
+    ASSERT_TRUE(io.ok()) << io.status().ToString();
+    std::vector<uint8_t> got(n, 0xee);
+    size_t next = 0;
+    Status st = io.value()->Pull({}, n, [&](const uint8_t* chunk, size_t offset, size_t len) {
+      // A slow device: the source must not refill a ring slot before its region was read.
+      std::this_thread::sleep_for(20ms);
+      EXPECT_EQ(offset, next);
+      std::memcpy(got.data() + offset, chunk, len);
+      next = offset + len;
+      return Status::Ok();
+    });
+    if (source.joinable()) source.join();
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    EXPECT_EQ(std::memcmp(got.data(), bytes->data(), n), 0) << "kind " << kind;
+    reads += kind == 2 ? 0 : 9;  // 33 MiB + 5 in 4 MiB chunks
+    EXPECT_EQ(dst.link->rma_reads(), reads) << "kind " << kind;
+  }
+  EXPECT_TRUE(WaitFor([&] { return src.link->lent() == 0; }));
+  EXPECT_EQ(src.refused + dst.refused, 0);
 }
 
 // A raw listening endpoint that speaks to a worker's link as a misbehaving peer would.
@@ -173,7 +225,7 @@ TEST(PeerLink, BadRegionsAndReleasesFailOnlyTheirOwnTransfer) {
   std::vector<uint8_t> bytes(2 * n, 0x11);
   auto region = source.ep->Register(bytes.data(), bytes.size(), fabric::kRemoteRead);
   ASSERT_TRUE(region.ok());
-  source.Send(puller, ir::PeerRegionReq{1, region.value()->remote_addr(), 2 * n, region.value()->key()});
+  source.Send(puller, ir::PeerRegionReq{1, 0, region.value()->remote_addr(), 2 * n, region.value()->key()});
   ASSERT_EQ(done.wait_for(10s), std::future_status::ready);
   Status st = done.get();
   EXPECT_EQ(st.code(), Code::kProtocol) << st.ToString();
@@ -183,7 +235,7 @@ TEST(PeerLink, BadRegionsAndReleasesFailOnlyTheirOwnTransfer) {
 
   // A region for a transfer nobody expects, and a release of something never lent: a
   // release back, and nothing else.
-  source.Send(puller, ir::PeerRegionReq{99, region.value()->remote_addr(), n, region.value()->key()});
+  source.Send(puller, ir::PeerRegionReq{99, 0, region.value()->remote_addr(), n, region.value()->key()});
   EXPECT_EQ(source.Receive(&release), puller);
   EXPECT_EQ(release.transfer, 99u);
   source.Send(puller, ir::PeerReleaseReq{12345});
@@ -191,7 +243,7 @@ TEST(PeerLink, BadRegionsAndReleasesFailOnlyTheirOwnTransfer) {
   // The next transfer from the same peer is read by RMA as it should be.
   auto good = ExpectFrom(dst, source.ep->address(), 2, into);
   ASSERT_EQ(source.Receive(&pull), puller);
-  source.Send(puller, ir::PeerRegionReq{2, region.value()->remote_addr(), n, region.value()->key()});
+  source.Send(puller, ir::PeerRegionReq{2, 0, region.value()->remote_addr(), n, region.value()->key()});
   ASSERT_EQ(good.wait_for(10s), std::future_status::ready);
   EXPECT_TRUE(good.get().ok());
   EXPECT_EQ(into->data()[0], 0x11);
