@@ -102,6 +102,9 @@ class PeerSink final : public BulkIO {
     }
     TANDEM_RETURN_IF_ERROR(link_->SendPull(from_, transfer_, size_, rma));
     Status st = Receive(len, sink);
+    // A streaming source waits for the releases of its ring: it hears at once instead.
+    if (!st.ok() && rma)
+      link_->SendAlone(from_, ir::PeerAbortReq{transfer_, static_cast<uint32_t>(st.code()), st.message()});
     // A read still in flight after a failure may write into the ring later: it is retired,
     // never reused (a leak of two chunks, only when a read outlived its timeout).
     if (posted_ && link_->endpoint_->Wait(*posted_, link_->timeout_).code() == Code::kTimeout) {
@@ -633,6 +636,11 @@ bool FabricPeerLink::TakeRecord(fabric::PeerId peer, const ir::Record& rec,
       ir::PeerAbortReq abort;
       if (!ir::DecodeRequest(rec.payload, &abort).ok()) return false;
       const Status why(Code::kApiError, "the source server could not read the bytes: " + abort.message);
+      // From the puller: it gave up on a transfer this worker streams to it.
+      if (auto s = streams_.find(abort.transfer); s != streams_.end() && s->second.to == peer) {
+        s->second.failed = Status(Code::kApiError, "the pulling server gave up the transfer: " + abort.message);
+        return true;
+      }
       auto it = expected_.find(abort.transfer);
       if (it == expected_.end() || it->second.from != peer) {
         auto in = inboxes_.find(abort.transfer);

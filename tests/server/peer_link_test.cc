@@ -181,6 +181,33 @@ TEST(PeerLink, StreamingSinkReadsEitherSourceAndSmallOnesByMessage) {
   EXPECT_EQ(src.refused + dst.refused, 0);
 }
 
+// A sink that fails (the device write) stops its streaming source at once, not at the
+// source's timeout for the ring's releases.
+TEST(PeerLink, FailingSinkStopsItsStreamingSource) {
+  Worker src(30000ms), dst(30000ms);
+  const size_t n = 64u << 20;
+  auto bytes = Pattern(n, 9);
+  Status pushed;
+  std::thread source([&] {
+    auto io = src.link->Source(77, n);
+    ASSERT_TRUE(io.ok()) << io.status().ToString();
+    pushed = io.value()->Push({}, n, [&](uint8_t* chunk, size_t offset, size_t len) {
+      std::memcpy(chunk, bytes->data() + offset, len);
+      return Status::Ok();
+    });
+  });
+  auto io = dst.link->Sink(src.ep->address(), 77, n);
+  ASSERT_TRUE(io.ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  Status st = io.value()->Pull({}, n, [&](const uint8_t*, size_t offset, size_t) {
+    return offset < (8u << 20) ? Status::Ok() : Status(Code::kApiError, "the device write failed");
+  });
+  source.join();
+  EXPECT_EQ(st.code(), Code::kApiError);
+  EXPECT_FALSE(pushed.ok());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s) << "the source waited for its timeout: " << pushed.ToString();
+}
+
 // A raw listening endpoint that speaks to a worker's link as a misbehaving peer would.
 struct RawPeer {
   std::unique_ptr<fabric::Endpoint> ep;
