@@ -41,7 +41,10 @@ class PeerSource final : public BulkIO {
       // The backend fills the message itself: no copy between its read and the send.
       ir::BatchWriter w(ir::BatchKind::kRequests);
       uint8_t* into = w.AddRequestWithTail(ir::PeerDataReq{transfer_, offset, {}}, n, 0);
-      TANDEM_RETURN_IF_ERROR(source(into, offset, n));
+      if (Status st = source(into, offset, n); !st.ok()) {  // the puller fails at once
+        link_->SendAlone(to_, ir::PeerAbortReq{transfer_, static_cast<uint32_t>(st.code()), st.message()});
+        return st;
+      }
       Status st = link_->endpoint_->Send(to_, w.Finish());
       if (!st.ok()) return Status(Code::kLinkLost, "PeerSend: the pulling server is gone: " + st.message());
       offset += n;
@@ -228,6 +231,14 @@ Status FabricPeerLink::Ring(RingMemory& ring, size_t slots, uint32_t access) {
   return Status::Ok();
 }
 
+void FabricPeerLink::Failed(uint64_t transfer, const Status& why) {
+  if (failed_.size() >= kMaxPendingPulls) {
+    failed_.erase(failed_order_.front());
+    failed_order_.pop_front();
+  }
+  if (failed_.emplace(transfer, why).second) failed_order_.push_back(transfer);
+}
+
 Status FabricPeerLink::AwaitReleases(uint64_t transfer, uint64_t count) {
   std::unique_lock<std::mutex> lock(mu_);
   Stream& s = streams_[transfer];
@@ -258,7 +269,7 @@ void FabricPeerLink::Offer(uint64_t transfer, uint64_t size, Result<std::shared_
     QueueSend(p.peer, transfer, size, p.size, std::move(bytes), p.rma);
     return;
   }
-  offers_[transfer] = Offered{size, std::move(bytes), Clock::now()};
+  offers_[transfer] = Offered{size, std::move(bytes)};
 }
 
 void FabricPeerLink::QueueSend(fabric::PeerId to, uint64_t transfer, uint64_t size, uint64_t pulled,
@@ -284,7 +295,7 @@ Status FabricPeerLink::Expect(const std::string& peer, uint64_t transfer, std::s
     std::lock_guard<std::mutex> lock(mu_);
     if (expected_.contains(transfer) || inboxes_.contains(transfer))
       return Status::Invalid(fmt::format("PeerRecv: transfer {:#x} is already being received", transfer));
-    expected_[transfer] = Expected{from.value(), std::move(into), 0, std::move(done), nullptr, Clock::now()};
+    expected_[transfer] = Expected{from.value(), std::move(into), 0, std::move(done), nullptr};
   }
   Status st = SendPull(from.value(), transfer, size, /*rma=*/size >= kRmaMinBytes);
   if (!st.ok()) {
@@ -306,43 +317,9 @@ void FabricPeerLink::SendLoop() {
       SendTransfer(job);
       lock.lock();
     }
-    // Deadlines: a transfer that stopped coming fails (its write is released with the error),
-    // and bytes nobody pulled are forgotten.
-    const auto now = Clock::now();
-    std::vector<std::function<void(const Status&)>> expired;
-    for (auto it = expected_.begin(); it != expected_.end();) {
-      if (now - it->second.since > timeout_) {
-        log::Warn("PeerRecv: transfer {:#x} got {} of {} bytes in {} ms", it->first, it->second.received,
-                  it->second.into->size(), timeout_.count());
-        expired.push_back(it->second.Ender());
-        it = expected_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-    std::erase_if(offers_, [&](const auto& o) {
-      if (now - o.second.since <= timeout_) return false;
-      log::Warn("PeerSend: no server pulled transfer {:#x} within {} ms", o.first, timeout_.count());
-      return true;
-    });
-    std::vector<Lent> unreleased;
-    for (auto it = lent_.begin(); it != lent_.end();) {
-      if (now - it->second.since > timeout_) {
-        log::Warn("PeerSend: the puller of transfer {:#x} did not release its bytes within {} ms", it->first,
-                  timeout_.count());
-        unreleased.push_back(std::move(it->second));
-        it = lent_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-    if (!expired.empty() || !unreleased.empty()) {
-      lock.unlock();
-      for (auto& done : expired)
-        done(Status(Code::kTimeout, fmt::format("PeerRecv: the source server sent nothing for {} ms", timeout_.count())));
-      unreleased.clear();  // deregistered outside the lock
-      lock.lock();
-    }
+    // No deadlines here: a source may be far behind its puller (or ahead of it) because its
+    // own stream is busy, for as long as the program keeps it busy. A lost link fails what
+    // depends on it (OnPeerLost), and a source that fails says so (PeerAbort).
   }
 }
 
@@ -378,7 +355,7 @@ bool FabricPeerLink::Lend(const SendJob& job) {
   const ir::PeerRegionReq answer{job.transfer, 0, region.value()->remote_addr(), bytes->size(), region.value()->key()};
   {
     std::lock_guard<std::mutex> lock(mu_);
-    lent_[job.transfer] = Lent{job.to, bytes, std::move(region).value(), Clock::now()};
+    lent_[job.transfer] = Lent{job.to, bytes, std::move(region).value()};
   }
   if (!SendAlone(job.to, answer)) {  // the puller is gone: so are its reads
     Lent gone;
@@ -443,9 +420,12 @@ void FabricPeerLink::ReadTransfer(ReadJob& job) {
 Result<std::unique_ptr<BulkIO>> FabricPeerLink::Source(uint64_t transfer, uint64_t size) {
   std::unique_lock<std::mutex> lock(mu_);
   const bool pulled = cv_.wait_for(lock, timeout_, [&] { return pulls_.contains(transfer); });
-  if (!pulled)
-    return Status(Code::kTimeout, fmt::format("PeerSend: no server pulled transfer {:#x} within {} ms", transfer,
-                                              timeout_.count()));
+  if (!pulled) {
+    const Status st(Code::kTimeout,
+                    fmt::format("PeerSend: no server pulled transfer {:#x} within {} ms", transfer, timeout_.count()));
+    Failed(transfer, st);  // a pull that comes later is answered with this
+    return st;
+  }
   Pull pull = pulls_[transfer];
   pulls_.erase(transfer);
   if (pull.size != size)
@@ -574,6 +554,7 @@ bool FabricPeerLink::OnMessage(fabric::PeerId peer, std::vector<uint8_t>&& messa
   for (const auto& c : after.copies) std::memcpy(c.to, c.from, c.n);
   for (const auto& answer : after.answers) SendAlone(peer, answer);
   for (uint64_t transfer : after.releases) SendAlone(peer, ir::PeerReleaseReq{transfer});
+  for (const auto& abort : after.aborts) SendAlone(peer, abort);
   after.released.clear();
   for (auto& [done, status] : after.outcomes) done(status);
   for (auto& [done, status] : after.finished) done(status);
@@ -588,6 +569,11 @@ bool FabricPeerLink::TakeRecord(fabric::PeerId peer, const ir::Record& rec,
       const bool rma = static_cast<ir::Opcode>(rec.header.opcode) == ir::Opcode::kPeerPullRma;
       ir::PeerPullReq pull;  // PeerPullRma has the same fields
       if (!ir::DecodeRequest(rec.payload, &pull).ok()) return false;
+      if (auto f = failed_.find(pull.transfer); f != failed_.end()) {  // it failed here already
+        after->aborts.push_back(
+            ir::PeerAbortReq{pull.transfer, static_cast<uint32_t>(f->second.code()), f->second.message()});
+        return true;
+      }
       if (auto o = offers_.find(pull.transfer); o != offers_.end()) {  // read already: send it
         QueueSend(peer, pull.transfer, o->second.size, pull.size, std::move(o->second.bytes), rma);
         offers_.erase(o);
@@ -676,7 +662,6 @@ bool FabricPeerLink::TakeRecord(fabric::PeerId peer, const ir::Record& rec,
         const size_t at = static_cast<size_t>(r.cursor() - owner->data());
         after->copies.push_back(Deferred::Copy{x.into, x.into->data() + offset, owner, owner->data() + at, n});
         x.received += n;
-        x.since = Clock::now();
         if (x.received == x.into->size()) {
           after->finished.emplace_back(std::move(x.done), Status::Ok());
           expected_.erase(e);
@@ -750,7 +735,6 @@ void FabricPeerLink::TakeRegion(fabric::PeerId peer, uint64_t transfer, uint64_t
   }
   reads_.push_back(ReadJob{peer, transfer, region, x.into, offset, x.outcome});
   x.received += region.len;
-  x.since = Clock::now();
   if (x.received == size) expected_.erase(e);  // the reads end it now
 }
 

@@ -13,8 +13,12 @@
 // host memory and lends it as one region, freed on its release; a streaming source (Source,
 // the executor reading the device chunk by chunk) fills a ring of kSlots registered chunks,
 // one region each, and each release frees a slot for the next chunk. A source that cannot
-// register memory answers with PeerData, which every puller still takes; a region nobody
-// releases is let go after the timeout.
+// register memory answers with PeerData, which every puller still takes.
+//
+// Asynchronous transfers have no deadline: either side may be far ahead of the other, as long
+// as the program keeps the other's stream busy. A lost link fails what depends on it, and a
+// source that fails, or gave up waiting for a pull on the blocking path, answers PeerAbort.
+// Only the blocking path, which holds an executor, gives up after the timeout.
 //
 // Cross-server event waits follow the same pull model: the importing worker connects to the
 // exporting one and sends PeerWatch{token}; the exporter answers PeerSignal{token, status} once
@@ -136,7 +140,6 @@ class FabricPeerLink final : public PeerLink {
   struct Offered {
     uint64_t size = 0;
     Result<std::shared_ptr<HostBuffer>> bytes{Status::Ok()};
-    Clock::time_point since;
   };
   // Destination side: where the bytes go, how many came (PeerData) or are being read
   // (PeerRegions: then `outcome` ends it), and who hears the outcome.
@@ -146,7 +149,6 @@ class FabricPeerLink final : public PeerLink {
     uint64_t received = 0;
     std::function<void(const Status&)> done;
     std::shared_ptr<Outcome> outcome;
-    Clock::time_point since;
     // What ends the transfer with a failure (its `done`, or its outcome's once reads began).
     std::function<void(const Status&)> Ender() {
       if (outcome) return [o = outcome](const Status& st) { o->Finish(st); };
@@ -165,7 +167,6 @@ class FabricPeerLink final : public PeerLink {
     fabric::PeerId to = 0;
     std::shared_ptr<HostBuffer> bytes;
     std::unique_ptr<fabric::MemoryRegion> region;
-    Clock::time_point since;
   };
   // Destination side: a PeerRegion to read into an expected transfer's host copy at `offset`.
   struct ReadJob {
@@ -198,6 +199,7 @@ class FabricPeerLink final : public PeerLink {
     std::vector<std::pair<std::function<void(const Status&)>, Status>> finished;
     std::vector<uint64_t> releases;  // PeerRelease of regions nobody here reads (any more)
     std::vector<Lent> released;      // deregistered and let go outside the lock
+    std::vector<ir::PeerAbortReq> aborts;  // pulls of transfers that failed here
   };
   // One record of a peer's message, with mu_ held. False: not a valid peer record.
   bool TakeRecord(fabric::PeerId peer, const ir::Record& rec, const std::shared_ptr<const std::vector<uint8_t>>& owner,
@@ -216,8 +218,7 @@ class FabricPeerLink final : public PeerLink {
   // A PeerRegion for an expected (asynchronous) transfer: queued for the reader. mu_ held.
   void TakeRegion(fabric::PeerId peer, uint64_t transfer, uint64_t offset, const fabric::RemoteRegion& region,
                   Deferred* after);
-  // The sender thread: sends queued transfers, and fails expected transfers (and forgets
-  // offers) that outlived the timeout.
+  // The sender thread: sends queued transfers.
   void SendLoop();
   void SendTransfer(const SendJob& job);
   // Lends the bytes of a transfer to its puller's RMA read; false when they cannot be
@@ -246,6 +247,8 @@ class FabricPeerLink final : public PeerLink {
   std::map<uint64_t, Lent> lent_;     // source side: transfers a puller reads by RMA
   std::deque<ReadJob> reads_;         // destination side: regions to read
   std::map<uint64_t, Stream> streams_;  // source side: streamed transfers read by RMA
+  std::map<uint64_t, Status> failed_;   // source side: see Failed()
+  std::deque<uint64_t> failed_order_;
   // Registered memory of the link's own, made once (Ring): the kSlots chunks a streaming
   // source fills, and the two a streaming sink reads into. Each serves one transfer at a time
   // (the executor's), under its own lock.
@@ -257,6 +260,9 @@ class FabricPeerLink final : public PeerLink {
   RingMemory source_ring_, sink_ring_;
   // Registers `ring` (slots chunks) once; its `use` lock held.
   Status Ring(RingMemory& ring, size_t slots, uint32_t access);
+  // A transfer that failed here before its puller asked: the pull is answered PeerAbort.
+  // mu_ held; the last kMaxPendingPulls are remembered.
+  void Failed(uint64_t transfer, const Status& why);
   // A streaming source waits until its puller released `count` regions of `transfer`.
   Status AwaitReleases(uint64_t transfer, uint64_t count);
   // Reads that outlived the timeout: their transfers failed, but the provider may still

@@ -208,6 +208,36 @@ TEST(PeerLink, FailingSinkStopsItsStreamingSource) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s) << "the source waited for its timeout: " << pushed.ToString();
 }
 
+// Either side may be far behind the other (its stream busy): an asynchronous transfer waits
+// for its source however long that takes (the advection example on four PoCL servers failed
+// every run when pullers gave up after the timeout).
+TEST(PeerLink, AsynchronousPullerWaitsForASourceFarBehind) {
+  Worker src(300ms), dst(300ms);
+  const size_t n = 1u << 20;
+  auto bytes = Pattern(n, 5);
+  auto into = std::make_shared<VectorBuffer>(n);
+  auto done = ExpectFrom(dst, src.ep->address(), 11, into);
+  EXPECT_EQ(done.wait_for(1s), std::future_status::timeout) << "the puller gave up on a source that lives";
+  src.link->Offer(11, n, bytes);
+  ASSERT_EQ(done.wait_for(10s), std::future_status::ready);
+  EXPECT_TRUE(done.get().ok());
+  EXPECT_EQ(std::memcmp(into->data(), bytes->data(), n), 0);
+}
+
+// A source whose blocking PeerSend gave up waiting for its pull answers the late pull with
+// PeerAbort: the puller fails at once, with the reason.
+TEST(PeerLink, LatePullOfATransferThatFailedIsAborted) {
+  Worker src(300ms), dst(300ms);
+  auto io = src.link->Source(12, 4096);
+  ASSERT_FALSE(io.ok());
+  EXPECT_EQ(io.status().code(), Code::kTimeout);
+  auto done = ExpectFrom(dst, src.ep->address(), 12, std::make_shared<VectorBuffer>(4096));
+  ASSERT_EQ(done.wait_for(5s), std::future_status::ready);
+  Status st = done.get();
+  EXPECT_EQ(st.code(), Code::kApiError) << st.ToString();
+  EXPECT_NE(st.message().find("no server pulled"), std::string::npos) << st.ToString();
+}
+
 // A raw listening endpoint that speaks to a worker's link as a misbehaving peer would.
 struct RawPeer {
   std::unique_ptr<fabric::Endpoint> ep;
