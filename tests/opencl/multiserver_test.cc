@@ -298,4 +298,59 @@ TEST_F(MultiServer, FailedEventOfAnotherServerFailsItsWaiters) {
   clReleaseMemObject(b);
 }
 
+// A copy between servers whose source failed (it waits for a failed event) fails too, with
+// the failure in its own event, and both servers go on serving: the next copy and kernels on
+// each work.
+TEST_F(MultiServer, CopyWhoseSourceFailedFailsAndBothServersGoOn) {
+  if (!DirectLinks()) GTEST_SKIP() << "with TANDEM_VDMA=0 the client relays the copy itself";
+  constexpr size_t kCount = 256;
+  cl_mem a = ZerosOn(0, kCount);
+  cl_mem b = ZerosOn(1, kCount);
+  cl_int err = CL_SUCCESS;
+  cl_event gate = clCreateUserEvent(context_, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  cl_event marker = nullptr, copied = nullptr;
+  cl_kernel inc = Kernel("inc");
+  ASSERT_EQ(clSetKernelArg(inc, 0, sizeof a, &a), CL_SUCCESS);
+  ASSERT_EQ(clEnqueueNDRangeKernel(queues_[0], inc, 1, nullptr, &kCount, nullptr, 1, &gate, &marker), CL_SUCCESS);
+  ASSERT_EQ(clEnqueueCopyBuffer(queues_[1], a, b, 0, 0, kCount * sizeof(int), 1, &marker, &copied), CL_SUCCESS);
+  ASSERT_EQ(clFlush(queues_[0]), CL_SUCCESS);
+  ASSERT_EQ(clFlush(queues_[1]), CL_SUCCESS);
+  ASSERT_EQ(clSetUserEventStatus(gate, -42), CL_SUCCESS);
+  EXPECT_EQ(clWaitForEvents(1, &copied), CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST);
+  EXPECT_LT(Status(copied), 0) << "the copy of a source that failed succeeded";
+  // Work that depends on the failed copy fails in turn, across servers and back.
+  cl_event chained = copied;
+  for (int round = 0; round < 8; ++round) {
+    cl_event next = nullptr;
+    const int q = round % 2;
+    cl_mem from = q ? a : b, to = q ? b : a;
+    ASSERT_EQ(clEnqueueCopyBuffer(queues_[q], from, to, 0, 0, kCount * sizeof(int), 1, &chained, &next), CL_SUCCESS);
+    clReleaseEvent(chained);
+    chained = next;
+  }
+  ASSERT_EQ(clFlush(queues_[0]), CL_SUCCESS);
+  ASSERT_EQ(clFlush(queues_[1]), CL_SUCCESS);
+  EXPECT_EQ(clWaitForEvents(1, &chained), CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST);
+  clReleaseEvent(chained);
+  clReleaseEvent(marker);
+  clReleaseEvent(gate);
+
+  // Both servers still serve: a fresh copy across them, then a kernel on each.
+  std::vector<int> ones(kCount, 1);
+  cl_mem c = ZerosOn(0, kCount);
+  ASSERT_EQ(clEnqueueWriteBuffer(queues_[0], c, CL_TRUE, 0, kCount * sizeof(int), ones.data(), 0, nullptr, nullptr),
+            CL_SUCCESS);
+  cl_mem d = ZerosOn(1, kCount);
+  ASSERT_EQ(clEnqueueCopyBuffer(queues_[1], c, d, 0, 0, kCount * sizeof(int), 0, nullptr, nullptr), CL_SUCCESS);
+  ASSERT_EQ(clSetKernelArg(inc, 0, sizeof d, &d), CL_SUCCESS);
+  ASSERT_EQ(clEnqueueNDRangeKernel(queues_[1], inc, 1, nullptr, &kCount, nullptr, 0, nullptr, nullptr), CL_SUCCESS);
+  EXPECT_EQ(ReadAll(1, d, kCount), std::vector<int>(kCount, 2));
+  ASSERT_EQ(clSetKernelArg(inc, 0, sizeof c, &c), CL_SUCCESS);
+  ASSERT_EQ(clEnqueueNDRangeKernel(queues_[0], inc, 1, nullptr, &kCount, nullptr, 0, nullptr, nullptr), CL_SUCCESS);
+  EXPECT_EQ(ReadAll(0, c, kCount), std::vector<int>(kCount, 2));
+  clReleaseKernel(inc);
+  for (cl_mem m : {a, b, c, d}) clReleaseMemObject(m);
+}
+
 }  // namespace

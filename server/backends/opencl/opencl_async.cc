@@ -204,7 +204,12 @@ Status OpenCLBackend::ReadToHost(uint64_t stream, uint64_t buffer, uint64_t offs
   Complete(e);
   clFlush(e.queue);
   EventWatcher::Get().Watch(read, [host, done = std::move(done)](cl_int status) {
-    if (status < 0) return done(ClError(status, "the read of a server-to-server transfer's source"));
+    // An execution status, not an API error code (PoCL gives -1 to a command whose wait list failed).
+    if (status < 0)
+      return done(Status::Native(Api::kOpenCL, status,
+                                 fmt::format("the read of a server-to-server transfer's source ended with execution "
+                                             "status {} (it, or an event it waited for, failed)",
+                                             status)));
     done(std::shared_ptr<HostBuffer>(host));
   });
   return Status::Ok();
