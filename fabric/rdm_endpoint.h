@@ -126,6 +126,7 @@ class RdmEndpoint final : public Endpoint {
   Result<OpId> PostWrite(PeerId peer, MemoryRegion& local, size_t local_offset, const RemoteRegion& remote,
                          uint64_t remote_offset, size_t len) override;
   Status Wait(OpId op, Millis timeout) override;
+  bool InFlight(OpId op) override;
 
  private:
   RdmEndpoint() = default;

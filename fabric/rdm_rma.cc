@@ -173,4 +173,10 @@ Status RdmEndpoint::Wait(OpId id, Millis timeout) {
   return st;
 }
 
+bool RdmEndpoint::InFlight(OpId id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = rma_ops_.find(id);
+  return it != rma_ops_.end() && (it->second->in_flight > 0 || (!it->second->released && !it->second->finished()));
+}
+
 }  // namespace tandem::fabric

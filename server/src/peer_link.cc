@@ -15,12 +15,20 @@ class PeerSource final : public BulkIO {
  public:
   PeerSource(FabricPeerLink* link, fabric::PeerId to, uint64_t transfer, uint64_t size, bool rma = false)
       : link_(link), to_(to), transfer_(transfer), size_(size), rma_(rma) {}
+  // A source that never got to Push (the backend failed before its read) still answers the
+  // puller, which would otherwise wait for it as long as the session lives.
+  ~PeerSource() override {
+    if (!answered_)
+      link_->SendAlone(to_, ir::PeerAbortReq{transfer_, static_cast<uint32_t>(Code::kApiError),
+                                             "the source server failed before it read the bytes"});
+  }
   Status Pull(const ir::Region&, size_t, const std::function<Status(const uint8_t*, size_t, size_t)>&) override {
     return Status(Code::kInternal, "a server-to-server source only sends");
   }
   Status Push(const ir::Region&, size_t len,
               const std::function<Status(uint8_t* chunk, size_t offset, size_t n)>& source) override {
     if (len != size_) return Status(Code::kInternal, fmt::format("PeerSend of {} bytes asked for {}", size_, len));
+    answered_ = true;  // from here on every failure sends its own PeerAbort
     if (rma_) {
       std::unique_lock<std::mutex> use(link_->source_ring_.use);
       Status ring = link_->Ring(link_->source_ring_, FabricPeerLink::kSlots, fabric::kRemoteRead);
@@ -64,6 +72,7 @@ class PeerSource final : public BulkIO {
     }
     const size_t chunks = (len + kChunk - 1) / kChunk;
     Status st;
+    uint64_t sent = 0;
     for (size_t c = 0; c < chunks && st.ok(); ++c) {
       const size_t slot = c % kSlots, offset = c * kChunk, n = std::min(kChunk, len - offset);
       if (c >= kSlots) st = link_->AwaitReleases(transfer_, c - kSlots + 1);
@@ -72,11 +81,25 @@ class PeerSource final : public BulkIO {
                                                               ring.region->remote_addr() + slot * kChunk, n,
                                                               ring.region->key()}))
         st = Status(Code::kLinkLost, "PeerSend: the pulling server is gone");
+      else if (st.ok())
+        ++sent;
     }
     // Every slot must be read before the ring serves the next transfer.
     if (st.ok()) st = link_->AwaitReleases(transfer_, chunks);
-    std::lock_guard<std::mutex> lock(link_->mu_);
-    link_->streams_.erase(transfer_);
+    uint64_t released = 0;
+    {
+      std::lock_guard<std::mutex> lock(link_->mu_);
+      released = link_->streams_[transfer_].released;
+      link_->streams_.erase(transfer_);
+    }
+    // Regions the puller may still read are never refilled: the ring is retired (left as it
+    // is, registered, a leak of its chunks) and the next transfer makes a new one.
+    if (released < sent) {
+      log::Warn("PeerSend: transfer {:#x} ended with {} of {} regions unreleased; its ring is retired", transfer_,
+                sent - released, sent);
+      (void)ring.bytes.release();
+      (void)ring.region.release();
+    }
     return st;
   }
 
@@ -84,6 +107,7 @@ class PeerSource final : public BulkIO {
   fabric::PeerId to_;
   uint64_t transfer_, size_;
   bool rma_;
+  bool answered_ = false;
 };
 
 // The destination side: asks for the transfer on the first Pull, then hands chunks over in
@@ -104,13 +128,15 @@ class PeerSink final : public BulkIO {
       if (!rma) use.unlock();
     }
     TANDEM_RETURN_IF_ERROR(link_->SendPull(from_, transfer_, size_, rma));
+    rma_ = rma;
     Status st = Receive(len, sink);
     // A streaming source waits for the releases of its ring: it hears at once instead.
     if (!st.ok() && rma)
       link_->SendAlone(from_, ir::PeerAbortReq{transfer_, static_cast<uint32_t>(st.code()), st.message()});
     // A read still in flight after a failure may write into the ring later: it is retired,
     // never reused (a leak of two chunks, only when a read outlived its timeout).
-    if (posted_ && link_->endpoint_->Wait(*posted_, link_->timeout_).code() == Code::kTimeout) {
+    if (posted_) (void)link_->endpoint_->Wait(*posted_, link_->timeout_);
+    if (posted_ && link_->endpoint_->InFlight(*posted_)) {
       log::Warn("PeerRecv: an RMA read of transfer {:#x} outlived its timeout; its staging is retired", transfer_);
       (void)link_->sink_ring_.bytes.release();
       (void)link_->sink_ring_.region.release();
@@ -144,8 +170,12 @@ class PeerSink final : public BulkIO {
         return Status::Protocol(fmt::format("{} of transfer {:#x}: bytes [{}, +{}) where [{}, ...) of {} was due",
                                             c.remote ? "PeerRegion" : "PeerData", transfer_, c.offset, c.len, queued_,
                                             len));
-      if (c.remote && !link_->sink_ring_.region)
+      if (c.remote && !rma_)
         return Status::Protocol(fmt::format("PeerRegion of transfer {:#x}, which was pulled without RMA", transfer_));
+      // Regions come whole (a lent copy) or a chunk at a time (a ring): nothing smaller.
+      if (c.remote && c.len != len - queued_ && c.len != FabricPeerLink::kChunk)
+        return Status::Protocol(fmt::format("PeerRegion of transfer {:#x}: {} bytes, neither the rest nor a chunk",
+                                            transfer_, c.len));
       queued_ += c.len;
       if (!c.remote) return Piece{c.offset, c.len, c.data(), c.message, std::nullopt, false};
       region_ = std::move(c);
@@ -199,6 +229,7 @@ class PeerSink final : public BulkIO {
   std::optional<FabricPeerLink::Chunk> region_;  // the remote chunk being read, and how far
   uint64_t region_pos_ = 0;
   std::optional<fabric::OpId> posted_;  // the last read posted and not waited for yet
+  bool rma_ = false;                    // pulled with PeerPullRma
 };
 
 void FabricPeerLink::Outcome::Finish(const Status& st) {
@@ -355,6 +386,11 @@ bool FabricPeerLink::Lend(const SendJob& job) {
   const ir::PeerRegionReq answer{job.transfer, 0, region.value()->remote_addr(), bytes->size(), region.value()->key()};
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (lent_.contains(job.transfer)) {  // a reused id: the copy lent first may still be read
+      SendAlone(job.to, ir::PeerAbortReq{job.transfer, static_cast<uint32_t>(Code::kInvalidArgument),
+                                         "the transfer id is already in use"});
+      return true;
+    }
     lent_[job.transfer] = Lent{job.to, bytes, std::move(region).value()};
   }
   if (!SendAlone(job.to, answer)) {  // the puller is gone: so are its reads
@@ -381,7 +417,7 @@ void FabricPeerLink::ReadLoop() {
       lock.lock();
     }
     // Reads that outlived their transfer: their memory goes once the provider is done.
-    std::erase_if(stuck_, [&](StuckRead& r) { return endpoint_->Wait(r.op, fabric::Millis(0)).code() != Code::kTimeout; });
+    std::erase_if(stuck_, [&](StuckRead& r) { return !endpoint_->InFlight(r.op); });
   }
 }
 
@@ -399,7 +435,7 @@ void FabricPeerLink::ReadTransfer(ReadJob& job) {
     st = op.status();
     if (op.ok()) {
       st = endpoint_->Wait(op.value(), timeout_);
-      if (st.code() == Code::kTimeout) {
+      if (!st.ok() && endpoint_->InFlight(op.value())) {  // the provider may still write there
         std::lock_guard<std::mutex> lock(mu_);
         stuck_.push_back(StuckRead{op.value(), std::move(region).value(), job.into});
       }
@@ -579,7 +615,11 @@ bool FabricPeerLink::TakeRecord(fabric::PeerId peer, const ir::Record& rec,
         offers_.erase(o);
         return true;
       }
-      if (pulls_.size() >= kMaxPendingPulls) return false;
+      if (pulls_.size() >= kMaxPendingPulls) {
+        after->aborts.push_back(ir::PeerAbortReq{pull.transfer, static_cast<uint32_t>(Code::kOverload),
+                                                 "too many pulls wait for their PeerSend here"});
+        return true;
+      }
       pulls_[pull.transfer] = Pull{peer, pull.size, rma};
       return true;
     }
@@ -622,9 +662,14 @@ bool FabricPeerLink::TakeRecord(fabric::PeerId peer, const ir::Record& rec,
       ir::PeerAbortReq abort;
       if (!ir::DecodeRequest(rec.payload, &abort).ok()) return false;
       const Status why(Code::kApiError, "the source server could not read the bytes: " + abort.message);
-      // From the puller: it gave up on a transfer this worker streams to it.
+      // From the puller: it gave up on a transfer this worker streams or lends to it.
       if (auto s = streams_.find(abort.transfer); s != streams_.end() && s->second.to == peer) {
         s->second.failed = Status(Code::kApiError, "the pulling server gave up the transfer: " + abort.message);
+        return true;
+      }
+      if (auto l = lent_.find(abort.transfer); l != lent_.end() && l->second.to == peer) {
+        after->released.push_back(std::move(l->second));
+        lent_.erase(l);
         return true;
       }
       auto it = expected_.find(abort.transfer);
@@ -719,7 +764,9 @@ void FabricPeerLink::TakeRegion(fabric::PeerId peer, uint64_t transfer, uint64_t
   Expected& x = e->second;
   const uint64_t size = x.into->size();
   // In order, within the transfer, and not after bytes that came as messages.
-  if (offset != x.received || region.len == 0 || region.len > size - x.received || (x.received && !x.outcome)) {
+  // In order, whole (a lent copy) or a chunk at a time (a ring): nothing smaller.
+  const bool shape = region.len == size - x.received || (region.len == kChunk && region.len < size - x.received);
+  if (offset != x.received || !shape || (x.received && !x.outcome)) {
     after->finished.emplace_back(
         x.Ender(), Status::Protocol(fmt::format("PeerRegion of transfer {:#x}: bytes [{}, +{}) where [{}, ...) of {} "
                                                 "was due",

@@ -319,20 +319,7 @@ TEST_F(MultiServer, CopyWhoseSourceFailedFailsAndBothServersGoOn) {
   ASSERT_EQ(clSetUserEventStatus(gate, -42), CL_SUCCESS);
   EXPECT_EQ(clWaitForEvents(1, &copied), CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST);
   EXPECT_LT(Status(copied), 0) << "the copy of a source that failed succeeded";
-  // Work that depends on the failed copy fails in turn, across servers and back.
-  cl_event chained = copied;
-  for (int round = 0; round < 8; ++round) {
-    cl_event next = nullptr;
-    const int q = round % 2;
-    cl_mem from = q ? a : b, to = q ? b : a;
-    ASSERT_EQ(clEnqueueCopyBuffer(queues_[q], from, to, 0, 0, kCount * sizeof(int), 1, &chained, &next), CL_SUCCESS);
-    clReleaseEvent(chained);
-    chained = next;
-  }
-  ASSERT_EQ(clFlush(queues_[0]), CL_SUCCESS);
-  ASSERT_EQ(clFlush(queues_[1]), CL_SUCCESS);
-  EXPECT_EQ(clWaitForEvents(1, &chained), CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST);
-  clReleaseEvent(chained);
+  clReleaseEvent(copied);
   clReleaseEvent(marker);
   clReleaseEvent(gate);
 

@@ -238,6 +238,19 @@ TEST(PeerLink, LatePullOfATransferThatFailedIsAborted) {
   EXPECT_NE(st.message().find("no server pulled"), std::string::npos) << st.ToString();
 }
 
+// A blocking source whose backend fails before its read (the PeerSource is dropped unused)
+// still answers its asynchronous puller, which has no deadline of its own.
+TEST(PeerLink, SourceThatFailsBeforeItsReadAbortsThePuller) {
+  Worker src, dst;
+  auto done = ExpectFrom(dst, src.ep->address(), 13, std::make_shared<VectorBuffer>(4096));
+  {
+    auto io = src.link->Source(13, 4096);
+    ASSERT_TRUE(io.ok()) << io.status().ToString();
+  }  // dropped: the backend's read failed before it began
+  ASSERT_EQ(done.wait_for(5s), std::future_status::ready);
+  EXPECT_EQ(done.get().code(), Code::kApiError);
+}
+
 // A raw listening endpoint that speaks to a worker's link as a misbehaving peer would.
 struct RawPeer {
   std::unique_ptr<fabric::Endpoint> ep;

@@ -116,6 +116,10 @@ class Endpoint {
   virtual Result<OpId> PostWrite(PeerId peer, MemoryRegion& local, size_t local_offset, const RemoteRegion& remote,
                                  uint64_t remote_offset, size_t len) = 0;
   virtual Status Wait(OpId op, Millis timeout) = 0;
+  // Whether the provider may still touch an operation's memory: true until every chunk of it
+  // has completed, also after a Wait that returned an error (one failed chunk ends the Wait
+  // while others are still out).
+  virtual bool InFlight(OpId op) = 0;
 
   // Blocking conveniences built on the above.
   Status Read(PeerId peer, MemoryRegion& local, size_t local_offset, const RemoteRegion& remote,
