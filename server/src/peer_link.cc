@@ -9,6 +9,14 @@
 #include "tandem/log.h"
 
 namespace tandem::server {
+namespace {
+
+// The PeerAbort that tells the other end of `transfer` why it failed here.
+ir::PeerAbortReq AbortOf(uint64_t transfer, const Status& why) {
+  return ir::PeerAbortReq{transfer, static_cast<uint32_t>(why.code()), why.message()};
+}
+
+}  // namespace
 
 // The source side of one transfer: every chunk the backend fills goes to the puller.
 class PeerSource final : public BulkIO {
@@ -19,8 +27,7 @@ class PeerSource final : public BulkIO {
   // puller, which would otherwise wait for it as long as the session lives.
   ~PeerSource() override {
     if (!answered_)
-      link_->SendAlone(to_, ir::PeerAbortReq{transfer_, static_cast<uint32_t>(Code::kApiError),
-                                             "the source server failed before it read the bytes"});
+      link_->SendAlone(to_, AbortOf(transfer_, Status(Code::kApiError, "the source server failed before it read the bytes")));
   }
   Status Pull(const ir::Region&, size_t, const std::function<Status(const uint8_t*, size_t, size_t)>&) override {
     return Status(Code::kInternal, "a server-to-server source only sends");
@@ -35,7 +42,7 @@ class PeerSource final : public BulkIO {
       if (ring.ok()) {
         Status st = PushRegions(len, source);
         if (!st.ok())  // the puller fails at once instead of at its timeout
-          link_->SendAlone(to_, ir::PeerAbortReq{transfer_, static_cast<uint32_t>(st.code()), st.message()});
+          link_->SendAlone(to_, AbortOf(transfer_, st));
         return st;
       }
       static std::once_flag once;
@@ -50,7 +57,7 @@ class PeerSource final : public BulkIO {
       ir::BatchWriter w(ir::BatchKind::kRequests);
       uint8_t* into = w.AddRequestWithTail(ir::PeerDataReq{transfer_, offset, {}}, n, 0);
       if (Status st = source(into, offset, n); !st.ok()) {  // the puller fails at once
-        link_->SendAlone(to_, ir::PeerAbortReq{transfer_, static_cast<uint32_t>(st.code()), st.message()});
+        link_->SendAlone(to_, AbortOf(transfer_, st));
         return st;
       }
       Status st = link_->endpoint_->Send(to_, w.Finish());
@@ -132,7 +139,7 @@ class PeerSink final : public BulkIO {
     Status st = Receive(len, sink);
     // A streaming source waits for the releases of its ring: it hears at once instead.
     if (!st.ok() && rma)
-      link_->SendAlone(from_, ir::PeerAbortReq{transfer_, static_cast<uint32_t>(st.code()), st.message()});
+      link_->SendAlone(from_, AbortOf(transfer_, st));
     // A read still in flight after a failure may write into the ring later: it is retired,
     // never reused (a leak of two chunks, only when a read outlived its timeout).
     if (posted_) (void)link_->endpoint_->Wait(*posted_, link_->timeout_);
@@ -356,8 +363,7 @@ void FabricPeerLink::SendLoop() {
 
 void FabricPeerLink::SendTransfer(const SendJob& job) {
   if (!job.bytes.ok()) {
-    SendAlone(job.to, ir::PeerAbortReq{job.transfer, static_cast<uint32_t>(job.bytes.status().code()),
-                                       job.bytes.status().message()});
+    SendAlone(job.to, AbortOf(job.transfer, job.bytes.status()));
     return;
   }
   if (job.rma && Lend(job)) return;
@@ -384,14 +390,17 @@ bool FabricPeerLink::Lend(const SendJob& job) {
     return false;
   }
   const ir::PeerRegionReq answer{job.transfer, 0, region.value()->remote_addr(), bytes->size(), region.value()->key()};
+  Lent lend{job.to, bytes, std::move(region).value()};
+  bool reused = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (lent_.contains(job.transfer)) {  // a reused id: the copy lent first may still be read
-      SendAlone(job.to, ir::PeerAbortReq{job.transfer, static_cast<uint32_t>(Code::kInvalidArgument),
-                                         "the transfer id is already in use"});
-      return true;
-    }
-    lent_[job.transfer] = Lent{job.to, bytes, std::move(region).value()};
+    // A reused id: the copy lent first may still be read, so it stays as it is (and this one
+    // is deregistered on return, outside the lock).
+    reused = !lent_.try_emplace(job.transfer, std::move(lend)).second;
+  }
+  if (reused) {
+    SendAlone(job.to, AbortOf(job.transfer, Status::Invalid("the transfer id is already in use")));
+    return true;
   }
   if (!SendAlone(job.to, answer)) {  // the puller is gone: so are its reads
     Lent gone;
@@ -606,8 +615,7 @@ bool FabricPeerLink::TakeRecord(fabric::PeerId peer, const ir::Record& rec,
       ir::PeerPullReq pull;  // PeerPullRma has the same fields
       if (!ir::DecodeRequest(rec.payload, &pull).ok()) return false;
       if (auto f = failed_.find(pull.transfer); f != failed_.end()) {  // it failed here already
-        after->aborts.push_back(
-            ir::PeerAbortReq{pull.transfer, static_cast<uint32_t>(f->second.code()), f->second.message()});
+        after->aborts.push_back(AbortOf(pull.transfer, f->second));
         return true;
       }
       if (auto o = offers_.find(pull.transfer); o != offers_.end()) {  // read already: send it
@@ -616,8 +624,8 @@ bool FabricPeerLink::TakeRecord(fabric::PeerId peer, const ir::Record& rec,
         return true;
       }
       if (pulls_.size() >= kMaxPendingPulls) {
-        after->aborts.push_back(ir::PeerAbortReq{pull.transfer, static_cast<uint32_t>(Code::kOverload),
-                                                 "too many pulls wait for their PeerSend here"});
+        after->aborts.push_back(
+            AbortOf(pull.transfer, Status(Code::kOverload, "too many pulls wait for their PeerSend here")));
         return true;
       }
       pulls_[pull.transfer] = Pull{peer, pull.size, rma};
