@@ -15,7 +15,15 @@
 namespace tandem::client {
 namespace {
 // An asynchronous command waits at most this long for companions before it is sent.
-constexpr auto kFlushDelay = std::chrono::microseconds(300);
+// TANDEM_EXP_FLUSH_US (an experiment's knob, not a setting) overrides it.
+Clock::duration FlushDelay() {
+  static const Clock::duration t = [] {
+    long us = 100;
+    if (const char* v = std::getenv("TANDEM_EXP_FLUSH_US"); v && *v) us = std::strtol(v, nullptr, 10);
+    return std::chrono::duration_cast<Clock::duration>(std::chrono::microseconds(std::max(0L, us)));
+  }();
+  return t;
+}
 // A batch this large is sent at once.
 constexpr size_t kFlushBytes = 256 * 1024;
 // An idle link is pinged this often; the ping doubles as the liveness check.
@@ -118,18 +126,22 @@ uint64_t SessionImpl::PostRaw(uint16_t opcode, std::vector<uint8_t> payload, Raw
   uint64_t seq = next_seq_++;
   if (log::TraceEnabled()) log::Trace("-> {} #{} {}", server_, seq, ir::TraceRequest(opcode, payload));
   bool was_empty = batch_.empty();
-  if (was_empty) batch_started_ = Clock::now();
+  const Clock::time_point now = Clock::now();
+  if (was_empty) batch_started_ = now;
   if (opcode != static_cast<uint16_t>(ir::Opcode::kPing) && opcode != static_cast<uint16_t>(ir::Opcode::kWarm))
     NoteUse(opcode, payload);
   batch_.AddRaw(opcode, fn ? ir::kRecordWantReply : 0, seq, payload);
   Stats::Get().calls[opcode].fetch_add(1, std::memory_order_relaxed);
   if (fn) pending_.emplace(seq, std::move(fn));
-  if (urgent || batch_.size() >= kFlushBytes) {
+  // A batch that has waited long enough leaves with this command, sent by the posting
+  // thread: a program that posts without pause keeps this lock so busy that the flusher
+  // thread rarely gets it (the lock is not fair), and its commands would wait for the sync.
+  if (urgent || batch_.size() >= kFlushBytes || now - batch_started_ >= FlushDelay()) {
     Status st = FlushLocked(lock);
     if (!st.ok()) log::Warn("{}: send failed: {}", server_, st.ToString());
   } else if (was_empty) {
     lock.unlock();
-    wake_flusher_();  // so the batch leaves within kFlushDelay even if no sync follows
+    wake_flusher_();  // so the batch leaves within FlushDelay() even if no sync follows
   }
   return seq;
 }
@@ -559,7 +571,7 @@ Clock::duration SessionImpl::Tick(Clock::time_point now) {
     return kPingInterval;
   }
   if (!batch_.empty()) {
-    auto due = batch_started_ + kFlushDelay;
+    auto due = batch_started_ + FlushDelay();
     if (now < due) return due - now;
     FlushLocked(lock);
     return KeepaliveInterval() != Clock::duration::zero() ? std::min<Clock::duration>(KeepaliveInterval(), kPingInterval)

@@ -5,14 +5,17 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "tandem/log.h"
+
 namespace tandem::server {
 
-FabricBulk::FabricBulk(fabric::Endpoint* endpoint, fabric::PeerId peer, fabric::Millis op_timeout)
-    : endpoint_(endpoint), peer_(peer), op_timeout_(op_timeout) {}
+FabricBulk::FabricBulk(fabric::Endpoint* endpoint, fabric::PeerId peer, fabric::Millis op_timeout, StagingAlloc alloc)
+    : endpoint_(endpoint), peer_(peer), op_timeout_(op_timeout), alloc_(std::move(alloc)) {}
 
 FabricBulk::~FabricBulk() {
   region_.reset();  // deregister before the memory goes
-  std::free(staging_);
+  host_.reset();
+  std::free(own_);
 }
 
 // Checks the request against the client's region and registers the staging chunks once.
@@ -22,7 +25,16 @@ Status FabricBulk::Prepare(const ir::Region& remote, size_t len) {
     return Status::Invalid(fmt::format("transfer of {} bytes exceeds the client region of {} bytes", len, remote.len));
   if (region_) return Status::Ok();
   // Allocated once; a failed registration below keeps it for the next attempt.
-  if (!staging_) staging_ = static_cast<uint8_t*>(std::aligned_alloc(4096, kSlots * kChunk));
+  if (!staging_ && alloc_) {
+    auto host = alloc_(kSlots * kChunk);
+    if (host.ok() && host.value()->size() >= kSlots * kChunk) {
+      host_ = std::move(host.value());
+      staging_ = host_->data();
+    } else if (!host.ok() && host.status().code() != Code::kUnimplemented) {
+      log::Warn("bulk staging: the backend's memory failed ({}); using ordinary memory", host.status().message());
+    }
+  }
+  if (!staging_) staging_ = own_ = static_cast<uint8_t*>(std::aligned_alloc(4096, kSlots * kChunk));
   if (!staging_) return Status(Code::kOutOfMemory, "cannot allocate the bulk staging chunks");
   auto mr = endpoint_->Register(staging_, kSlots * kChunk, fabric::kLocal);
   if (!mr.ok()) return mr.status();

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <array>
+#include <functional>
 #include <memory>
 
 #include "tandem/fabric/fabric.h"
@@ -16,7 +17,11 @@ class FabricBulk : public BulkIO {
   static constexpr size_t kChunk = 4u << 20;
   static constexpr size_t kSlots = 4;
 
-  FabricBulk(fabric::Endpoint* endpoint, fabric::PeerId peer, fabric::Millis op_timeout);
+  // Where the staging chunks come from (Backend::BulkStaging); null, or a failure: the
+  // chunks are ordinary memory of this object's own.
+  using StagingAlloc = std::function<Result<std::shared_ptr<HostBuffer>>(size_t)>;
+
+  FabricBulk(fabric::Endpoint* endpoint, fabric::PeerId peer, fabric::Millis op_timeout, StagingAlloc alloc = nullptr);
   ~FabricBulk() override;
 
   Status Pull(const ir::Region& remote, size_t len,
@@ -35,6 +40,9 @@ class FabricBulk : public BulkIO {
   fabric::Endpoint* endpoint_;
   fabric::PeerId peer_;
   fabric::Millis op_timeout_;
+  StagingAlloc alloc_;
+  std::shared_ptr<HostBuffer> host_;  // the backend's staging memory, when it gave some
+  uint8_t* own_ = nullptr;            // else this
   uint8_t* staging_ = nullptr;
   std::unique_ptr<fabric::MemoryRegion> region_;
   // After a transfer that could not be drained, the staging chunks may still be written by

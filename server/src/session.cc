@@ -120,6 +120,7 @@ BatchOutcome Session::HandleBatch(std::span<const uint8_t> msg) {
       return outcome;
     }
   }
+  const auto batch_started = std::chrono::steady_clock::now();
   DestroyFinishedImports();
   TakeAsyncFailures();
   std::vector<ir::Record> records;
@@ -140,6 +141,8 @@ BatchOutcome Session::HandleBatch(std::span<const uint8_t> msg) {
   }
   outcome.goodbye = goodbye_;
   outcome.reply = WithOutput(out);
+  if (profile_) profile_->Add(fmt::format("(batch of {})", records.size() < 8 ? "<8" : records.size() < 64 ? "8-63" : ">=64"),
+                              std::chrono::steady_clock::now() - batch_started);
   outcome.late = std::exchange(late_, {});
   return outcome;
 }

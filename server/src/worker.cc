@@ -170,10 +170,11 @@ class ClientBulk : public BulkIO {
  public:
   // cut_every (--inject-cut-bulk-every, tests only): the client's connection is dropped while
   // every N-th transfer is under way, before the network moved all of it.
-  ClientBulk(fabric::Endpoint* endpoint, fabric::Millis op_timeout, fabric::Millis grace, uint64_t cut_every)
-      : endpoint_(endpoint), op_timeout_(op_timeout), grace_(grace), cut_every_(cut_every) {}
+  ClientBulk(fabric::Endpoint* endpoint, fabric::Millis op_timeout, fabric::Millis grace, uint64_t cut_every,
+             FabricBulk::StagingAlloc alloc)
+      : endpoint_(endpoint), op_timeout_(op_timeout), grace_(grace), cut_every_(cut_every), alloc_(std::move(alloc)) {}
   void Connect(fabric::PeerId peer) {
-    auto bulk = std::make_shared<FabricBulk>(endpoint_, peer, op_timeout_);
+    auto bulk = std::make_shared<FabricBulk>(endpoint_, peer, op_timeout_, alloc_);
     std::lock_guard<std::mutex> lock(mu_);
     current_ = std::move(bulk);
     peer_ = peer;
@@ -250,6 +251,7 @@ class ClientBulk : public BulkIO {
   fabric::Millis op_timeout_;
   fabric::Millis grace_;
   const uint64_t cut_every_;
+  const FabricBulk::StagingAlloc alloc_;
   std::atomic<uint64_t> transfers_{0};
   std::mutex mu_;
   std::condition_variable cv_;
@@ -486,7 +488,8 @@ int RunWorker(const WorkerOptions& opt) {
   session.set_faults(FaultInjection{.bitflip_rate = opt.inject.bitflip_rate, .bitflip_per_s = opt.inject.bitflip_per_s, .seed = 0});
   ClientLink link(ep.get());
   Executor executor(&session, &link, ep.get(), opt.inject);
-  ClientBulk bulk(ep.get(), opt.session_timeout, opt.session_grace, opt.inject.cut_bulk_every);
+  ClientBulk bulk(ep.get(), opt.session_timeout, opt.session_grace, opt.inject.cut_bulk_every,
+                  [b = backend.value().get()](size_t n) { return b->BulkStaging(n); });
   bool attached = false;
   bool connected = false;  // false while a resumable client's link is down
   fabric::PeerId client = 0;

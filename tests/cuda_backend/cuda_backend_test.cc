@@ -47,15 +47,19 @@ class HostBulk : public BulkIO {
     return Status::Ok();
   }
   Status Push(const ir::Region& remote, size_t len, const std::function<Status(uint8_t*, size_t, size_t)>& source) override {
-    std::vector<uint8_t> chunk(kChunk);
+    std::vector<uint8_t> own(staging ? 0 : kChunk);
     auto* p = reinterpret_cast<uint8_t*>(remote.addr);
-    for (size_t off = 0; off < len; off += kChunk) {
+    for (size_t off = 0, i = 0; off < len; off += kChunk, ++i) {
+      // Like FabricBulk: the backend's staging memory (Backend::BulkStaging), slot by slot.
+      uint8_t* chunk = staging ? staging->data() + (i % kSlots) * kChunk : own.data();
       const size_t n = std::min(kChunk, len - off);
-      TANDEM_RETURN_IF_ERROR(source(chunk.data(), off, n));
-      std::memcpy(p + off, chunk.data(), n);
+      TANDEM_RETURN_IF_ERROR(source(chunk, off, n));
+      std::memcpy(p + off, chunk, n);
     }
     return Status::Ok();
   }
+  static constexpr size_t kSlots = 3;
+  std::shared_ptr<HostBuffer> staging;  // null: ordinary memory of its own
 };
 
 std::optional<ir::bytes> ReadFile(const char* path) {
@@ -387,6 +391,35 @@ TEST_F(CudaBackendTest, BulkTransfersThroughStaging) {
   w.remote.len = size - 1;
   EXPECT_EQ(b_->OnBufferWrite(w, nullptr).code(), Code::kInvalidArgument);
   (void)g;
+}
+
+// With the backend's own pinned staging, a read to the client is copied by the device
+// straight into each chunk; the bytes must be the same as through its staging slots.
+TEST_F(CudaBackendTest, BulkReadsStraightIntoPinnedStaging) {
+  Reserve();
+  auto staging = b_->BulkStaging(HostBulk::kSlots * HostBulk::kChunk);
+  ASSERT_OK(staging.status());
+  ASSERT_GE(staging.value()->size(), HostBulk::kSlots * HostBulk::kChunk);
+  bulk_.staging = staging.value();
+  const size_t size = (10u << 20) + 123;
+  ASSERT_OK(Alloc(1, kBase, size));
+  std::vector<uint8_t> host(size), back(size, 0);
+  for (size_t i = 0; i < size; ++i) host[i] = static_cast<uint8_t>((i * 2654435761u) >> 11);
+  ir::BufferWriteReq w;
+  w.buffer = 1;
+  w.size = size;
+  w.remote = ir::Region{reinterpret_cast<uint64_t>(host.data()), size, 1};
+  ASSERT_OK(b_->OnBufferWrite(w, nullptr));
+  ir::BufferReadReq r;
+  r.buffer = 1;
+  r.offset = 7;  // an odd start, so no chunk is aligned on the device
+  r.size = size - 7;
+  r.remote = ir::Region{reinterpret_cast<uint64_t>(back.data()), size, 1};
+  ir::BufferReadRep rep;
+  ASSERT_OK(b_->OnBufferRead(r, &rep));
+  EXPECT_TRUE(rep.data.empty());
+  EXPECT_TRUE(std::equal(back.begin(), back.begin() + (size - 7), host.begin() + 7));
+  bulk_.staging.reset();
 }
 
 TEST_F(CudaBackendTest, ModuleFollowsPointerInDeviceMemory) {

@@ -19,7 +19,7 @@ namespace tandem::server::cuda {
 struct CudaBackend::PinnedPool {
   std::mutex mu;
   std::multimap<size_t, uint8_t*> free;
-  std::vector<uint8_t*> all;
+  std::vector<std::pair<uint8_t*, size_t>> all;  // every buffer and its capacity
 };
 
 namespace {
@@ -71,9 +71,23 @@ Result<std::shared_ptr<HostBuffer>> CudaBackend::Pinned(uint32_t device, size_t 
         Check(device, drv_->cuMemHostAlloc(&mem, capacity, CU_MEMHOSTALLOC_PORTABLE), "cuMemHostAlloc (peer staging)"));
     p = static_cast<uint8_t*>(mem);
     std::lock_guard<std::mutex> lock(pinned_->mu);
-    pinned_->all.push_back(p);
+    pinned_->all.emplace_back(p, capacity);
   }
   return std::shared_ptr<HostBuffer>(std::make_shared<PinnedBuffer>(pinned_, p, capacity, n));
+}
+
+bool CudaBackend::IsPinned(const void* p, size_t n) const {
+  if (!pinned_) return false;
+  const auto* b = static_cast<const uint8_t*>(p);
+  std::lock_guard<std::mutex> lock(pinned_->mu);
+  for (auto [base, capacity] : pinned_->all)
+    if (b >= base && n <= capacity && static_cast<size_t>(b - base) <= capacity - n) return true;
+  return false;
+}
+
+Result<std::shared_ptr<HostBuffer>> CudaBackend::BulkStaging(size_t n) {
+  if (devices_.empty()) return Status(Code::kUnimplemented, "no device");
+  return Pinned(0, n);
 }
 
 void CudaBackend::FreePinned() {
@@ -84,7 +98,7 @@ void CudaBackend::FreePinned() {
                pinned_->all.size() - pinned_->free.size());
     return;
   }
-  for (uint8_t* p : pinned_->all) Forget("cuMemFreeHost", 0, drv_->cuMemFreeHost(p));
+  for (auto [p, capacity] : pinned_->all) Forget("cuMemFreeHost", 0, drv_->cuMemFreeHost(p));
   pinned_->all.clear();
   pinned_->free.clear();
 }

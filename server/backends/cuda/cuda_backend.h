@@ -34,6 +34,9 @@ class CudaBackend final : public Backend {
   std::string name() const override { return "cuda"; }
   uint32_t device_count() const override { return static_cast<uint32_t>(devices_.size()); }
   std::vector<std::pair<uint32_t, std::string>> TakeOutput() override;
+  // Pinned, from the same pool as the peer staging: a read to the client is copied by the
+  // device straight into the chunk the network sends.
+  Result<std::shared_ptr<HostBuffer>> BulkStaging(size_t n) override;
 
   // Devices (cuda_backend.cc)
   Status OnDeviceInfo(const ir::DeviceInfoReq&, ir::DeviceInfoRep*) override;
@@ -207,6 +210,8 @@ class CudaBackend final : public Backend {
   Result<PeerStart> StartPeer(uint64_t stream, uint64_t buffer, uint64_t offset, uint64_t size, const ir::u64s& wait,
                               const char* what);
   Result<std::shared_ptr<HostBuffer>> Pinned(uint32_t device, size_t n);
+  // Whether [p, p + n) lies in one buffer of the pinned pool.
+  bool IsPinned(const void* p, size_t n) const;
   void FreePinned();
 
   const Driver* drv_;

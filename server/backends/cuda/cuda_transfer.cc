@@ -129,6 +129,14 @@ Status CudaBackend::ReadToClient(const Queue& q, CUdeviceptr src, const ir::Buff
   return bulk_->Push(req.remote, req.size, [&](uint8_t* chunk, size_t offset, size_t n) -> Status {
     if (offset > req.size || n > req.size - offset)
       return Status(Code::kInternal, fmt::format("bulk push asked for bytes [{}, +{}) of a {}-byte read", offset, n, req.size));
+    if (IsPinned(chunk, n)) {
+      // The chunk is our pinned memory (BulkStaging): the device copies into it directly,
+      // while the network still sends the chunks before it, and the executor thread copies
+      // nothing (a copy per chunk out of the staging slot below slowed reads on the H100).
+      TANDEM_RETURN_IF_ERROR(
+          Check(q.device, drv_->cuMemcpyDtoHAsync(chunk, src + offset, n, q.stream), "cuMemcpyDtoHAsync"));
+      return Check(q.device, drv_->cuStreamSynchronize(q.stream), "cuStreamSynchronize");
+    }
     for (size_t done = 0; done < n;) {
       const size_t pos = offset + done, u = pos / kChunk, s = u % kSlots;
       TANDEM_RETURN_IF_ERROR(issue(u));

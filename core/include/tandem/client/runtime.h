@@ -5,7 +5,8 @@
 // Threading: any application thread may post or call. One receiver thread per process
 // reads every reply and runs reply callbacks; callbacks must not block on the network.
 // Asynchronous commands are queued and sent as one batch at the next sync point, at an
-// explicit Flush(), when the batch grows large, or at the latest ~1 ms later.
+// explicit Flush(), when the batch grows large, or once its first command is 100 us old:
+// by the next command posted then, or else by the flusher thread.
 #pragma once
 
 #include <chrono>

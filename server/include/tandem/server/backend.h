@@ -59,6 +59,14 @@ class Backend {
   virtual uint32_t device_count() const = 0;
   void set_bulk(BulkIO* bulk) { bulk_ = bulk; }
   BulkIO* bulk() const { return bulk_; }
+  // Host memory for the client bulk channel's staging chunks, where the backend's device
+  // copies reach it directly (CUDA: pinned), so a chunk needs no copy of its own on the way
+  // between the device and the network. kUnimplemented: the channel allocates its own.
+  // Called on the executor thread, inside a transfer.
+  virtual Result<std::shared_ptr<HostBuffer>> BulkStaging(size_t n) {
+    (void)n;
+    return Status(Code::kUnimplemented, "the " + name() + " backend has no staging memory of its own");
+  }
   // Output the session's device code printed (CUDA printf) since the last call, by fd
   // (1 stdout, 2 stderr). The worker sends it to the client as Output notifications ahead
   // of the replies of the batch, so it reaches the program before the sync that made it.
