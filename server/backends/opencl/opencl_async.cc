@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "opencl_backend.h"
+#include "tandem/log.h"
 
 namespace tandem::server::opencl {
 namespace {
@@ -29,6 +30,28 @@ class PlainHostBuffer final : public HostBuffer {
 
  private:
   std::unique_ptr<uint8_t[]> bytes_;
+  size_t size_;
+};
+
+// The bulk channel's staging (BulkStaging): a buffer allocated by the implementation in
+// host memory it can reach by DMA (CL_MEM_ALLOC_HOST_PTR: pinned on NVIDIA's), kept mapped
+// for its whole life, with a queue of its own for the map and the unmap.
+class MappedHostBuffer final : public HostBuffer {
+ public:
+  MappedHostBuffer(QueueRef queue, MemRef mem, uint8_t* p, size_t n)
+      : queue_(std::move(queue)), mem_(std::move(mem)), p_(p), size_(n) {}
+  ~MappedHostBuffer() override {
+    cl_int err = clEnqueueUnmapMemObject(queue_.get(), mem_.get(), p_, 0, nullptr, nullptr);
+    if (err == CL_SUCCESS) err = clFinish(queue_.get());
+    if (err != CL_SUCCESS) log::Warn("bulk staging: unmapping it failed ({})", ClErrorName(err));
+  }
+  uint8_t* data() override { return p_; }
+  size_t size() const override { return size_; }
+
+ private:
+  QueueRef queue_;
+  MemRef mem_;
+  uint8_t* p_;
   size_t size_;
 };
 
@@ -148,6 +171,21 @@ void EventWatcher::RunLoop() {
     }
     r.fn(r.status);
   }
+}
+
+Result<std::shared_ptr<HostBuffer>> OpenCLBackend::BulkStaging(size_t n) {
+  if (devices_.empty()) return Status(Code::kUnimplemented, "no device");
+  Device& d = devices_[0];
+  cl_int err = CL_SUCCESS;
+  QueueRef queue(clCreateCommandQueueWithProperties(d.context.get(), d.id, nullptr, &err));
+  if (err != CL_SUCCESS) return ClError(err, "clCreateCommandQueueWithProperties", "bulk staging");
+  MemRef mem(clCreateBuffer(d.context.get(), CL_MEM_READ_WRITE | CL_MEM_ALLOC_HOST_PTR, n, nullptr, &err));
+  if (err != CL_SUCCESS) return ClError(err, "clCreateBuffer", "bulk staging");
+  void* p = clEnqueueMapBuffer(queue.get(), mem.get(), CL_TRUE, CL_MAP_READ | CL_MAP_WRITE, 0, n, 0, nullptr, nullptr,
+                               &err);
+  if (err != CL_SUCCESS) return ClError(err, "clEnqueueMapBuffer", "bulk staging");
+  return std::shared_ptr<HostBuffer>(
+      std::make_shared<MappedHostBuffer>(std::move(queue), std::move(mem), static_cast<uint8_t*>(p), n));
 }
 
 Result<cl_command_queue> OpenCLBackend::TransferQueue(uint32_t device) {

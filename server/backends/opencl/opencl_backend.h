@@ -209,6 +209,9 @@ class OpenCLBackend : public Backend {
                     uint64_t signal, std::function<void(Result<std::shared_ptr<HostBuffer>>)> done) override;
   Result<PendingWrite> WriteFromHost(uint64_t stream, uint64_t buffer, uint64_t offset, uint64_t size,
                                      const ir::u64s& wait, uint64_t signal) override;
+  // Mapped host memory of device 0's context (CL_MEM_ALLOC_HOST_PTR), which NVIDIA's
+  // OpenCL reads into and writes from by DMA, without a copy of its own.
+  Result<std::shared_ptr<HostBuffer>> BulkStaging(size_t n) override;
 
  private:
   // ---- handles (opencl_backend.cc) ----
@@ -222,6 +225,7 @@ class OpenCLBackend : public Backend {
   // ---- enqueues (opencl_backend.cc) ----
   Result<cl_command_queue> DefaultQueue(uint32_t device);
   Result<cl_command_queue> TransferQueue(uint32_t device);
+
   // The start of an asynchronous transfer's destination half (opencl_async.cc).
   struct Staged {
     Buffer* buffer = nullptr;
