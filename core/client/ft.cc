@@ -232,6 +232,52 @@ std::string FaultTolerance::TakeSpare() {
   return s;
 }
 
+void FaultTolerance::StartStandby() {
+  std::lock_guard<std::mutex> lock(mu_);
+  PrepareStandby();
+}
+
+void FaultTolerance::SettleStandby(std::chrono::milliseconds max) {
+  std::shared_ptr<Standby> standby;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    standby = standby_;
+  }
+  if (!standby) return;
+  std::unique_lock<std::mutex> l(standby->m);
+  if (!standby->cv.wait_for(l, max, [&] { return standby->done; }))
+    log::Info("fault tolerance: the standby session on {} is still being opened at exit", standby->address);
+}
+
+void FaultTolerance::PrepareStandby() {
+  if (spares_.empty() || (standby_ && standby_->address == spares_.front())) return;
+  auto standby = std::make_shared<Standby>();
+  standby->address = spares_.front();
+  standby_ = standby;
+  // Detached: the runtime (the source) lives as long as the process.
+  std::thread([standby, source = source_] {
+    Result<SessionImpl*> opened = source->Open(standby->address);
+    if (opened.ok()) log::Info("fault tolerance: {} stands by as the next spare", standby->address);
+    else log::Info("fault tolerance: the next spare {} cannot stand by: {}", standby->address, opened.status().message());
+    std::lock_guard<std::mutex> l(standby->m);
+    standby->session = std::move(opened);
+    standby->done = true;
+    standby->cv.notify_all();
+  }).detach();
+}
+
+Result<SessionImpl*> FaultTolerance::OpenSpare(const std::string& address) {
+  if (std::shared_ptr<Standby> standby = standby_; standby && standby->address == address) {
+    standby_.reset();
+    std::unique_lock<std::mutex> l(standby->m);
+    standby->cv.wait(l, [&] { return standby->done; });
+    if (standby->session.ok() && standby->session.value()->health().ok()) return standby->session;
+    if (standby->session.ok()) source_->Retire(standby->session.value());
+    // It failed or died since: the spare may be back by now.
+  }
+  return source_->Open(address);
+}
+
 void FaultTolerance::NoteCreate(GroupSession* g, uint16_t opcode, const std::vector<uint8_t>& payload) {
   const auto op = static_cast<ir::Opcode>(opcode);
   if (const uint64_t signal = SignalOf(opcode, payload)) g->signals_.insert(signal);
@@ -676,7 +722,9 @@ Status FaultTolerance::Checkpoint() {
 // A fresh session on `address` in the role of replica i of g: the objects of the checkpoint,
 // its bytes, then (with replay_log) the group's log since.
 Status FaultTolerance::RestoreFresh(GroupSession* g, size_t i, const std::string& address, bool replay_log) {
-  auto opened = source_->Open(address);
+  // A spare's session may be open already; a replica restored where it was (a rollback
+  // through fresh sessions) gets a new one.
+  auto opened = OpenSpare(address);
   if (!opened.ok()) return opened.status();
   SessionImpl* s = opened.value();
   touched_.insert(g);
@@ -929,7 +977,7 @@ void FaultTolerance::ReplaceLost(GroupSession* g, size_t i, const std::string& w
       if (j != i && g->replicas_[j]->health().ok()) survivor = j;
     Status st;
     if (survivor < g->replicas_.size()) {
-      auto opened = source_->Open(spare);
+      auto opened = OpenSpare(spare);
       st = opened.status();
       if (st.ok()) {
         SessionImpl* s = opened.value();
@@ -957,6 +1005,7 @@ void FaultTolerance::ReplaceLost(GroupSession* g, size_t i, const std::string& w
                 Seconds(Clock::now() - start));
       Stats::Get().migrations.fetch_add(1);
       Stats::Get().migration_ns.fetch_add(static_cast<uint64_t>(std::chrono::nanoseconds(Clock::now() - start).count()));
+      PrepareStandby();
       return;
     }
     log::Error("fault tolerance: spare {} failed: {}", spare, st.message());
@@ -1022,6 +1071,7 @@ void FaultTolerance::OnMismatch(const std::shared_ptr<Op>& op, std::vector<size_
                 spare);
       Status st = RestoreFresh(g, 2, spare, /*replay_log=*/true);
       if (!st.ok()) log::Error("fault tolerance: third voter {} failed: {}", spare, st.message());
+      PrepareStandby();
       mismatch_streak_ = 0;
       return;  // ReissueOpen asks again, now with three voters
     }

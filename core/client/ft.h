@@ -119,6 +119,12 @@ class FaultTolerance {
   // The next spare, taken from the pool ("" when none is left): for a server that is already
   // unreachable when the program starts.
   std::string TakeSpare();
+  // Starts opening a session on the next spare in the background (once the program's own
+  // sessions are up), so a takeover does not wait for the spare's worker to start.
+  void StartStandby();
+  // At exit: waits (at most `max`) for a standby still being opened, so that it is among the
+  // sessions that say goodbye instead of a worker left waiting for its client.
+  void SettleStandby(std::chrono::milliseconds max);
   // A session reported lost (SessionImpl's lost hook).
   void OnSessionLost(SessionImpl* s);
 
@@ -173,6 +179,11 @@ class FaultTolerance {
   std::vector<std::pair<RegionKey, uint64_t>> Regions(GroupSession* g);
   // Waits for every command posted so far on `s` to finish; clears what it reported.
   Status Quiesce(SessionImpl* s, const std::vector<uint64_t>& devices);
+  // A session on `address` for a takeover: the standby when it was opened there (waiting
+  // for it if it is still being opened), else a new one. Lock held.
+  Result<SessionImpl*> OpenSpare(const std::string& address);
+  // Opens a session on spares_.front() in the background, unless one is there already. Lock held.
+  void PrepareStandby();
 
   const FtConfig config_;
   SessionSource* source_;
@@ -181,6 +192,15 @@ class FaultTolerance {
   bool recovering_ = false;
   std::vector<std::unique_ptr<GroupSession>> groups_;
   std::deque<std::string> spares_;
+  // The session opened ahead of need on a spare (PrepareStandby): set by its own thread.
+  struct Standby {
+    std::string address;
+    std::mutex m;
+    std::condition_variable cv;
+    bool done = false;
+    Result<SessionImpl*> session{Status(Code::kInternal, "not opened yet")};
+  };
+  std::shared_ptr<Standby> standby_;
   std::deque<LogEntry> log_;
   size_t log_bytes_ = 0;
   std::map<const GroupSession*, std::map<RegionKey, Region>> ckpt_;

@@ -138,6 +138,7 @@ class RuntimeImpl final : public Runtime, public SessionSource {
   void Shutdown() override {
     // Once: the program may call it and atexit calls it again.
     if (shut_down_.exchange(true)) return;
+    if (ft_) ft_->SettleStandby(std::chrono::milliseconds(1000));
     // Each goodbye is answered, and the program waits for the answers: a goodbye that is
     // only flushed can die with this process (an exit with unread replies resets the TCP
     // connection, and the reset discards what the worker had not read yet), and a resumable
@@ -369,6 +370,8 @@ void RuntimeImpl::Init() {
     cuda_all[i]->index = static_cast<uint32_t>(cuda_.size());
     cuda_.push_back(cuda_all[i]);
   }
+  // Only now: the standby's session joins sessions_, which the lines above walk unlocked.
+  if (ft_) ft_->StartStandby();
   std::atexit([] { Runtime::Get().Shutdown(); });
 }
 

@@ -125,6 +125,7 @@ class Broker {
   std::unique_ptr<fabric::Endpoint> ep_;
   std::set<pid_t> live_;
   uint64_t total_ = 0;
+  pid_t spawned_ = 0;  // the worker OnHello started for the message being answered
 };
 
 // fork + exec of /proc/self/exe in its hidden worker role, with a pipe back for its report.
@@ -245,6 +246,7 @@ bool Broker::OnHello(fabric::PeerId peer, const ir::Record& rec, ir::BatchWriter
     return true;
   }
   live_.insert(worker->pid);
+  spawned_ = worker->pid;
   ++total_;
   log::Info("session {} for '{}': worker {} on port {}", total_, req.client, worker->pid, worker->report.port);
   ir::HelloRep rep;
@@ -280,6 +282,7 @@ void Broker::HandleMessage(fabric::PeerId peer, std::span<const uint8_t> msg) {
   ir::BatchWriter out(ir::BatchKind::kReplies);
   std::vector<ir::Record> records;
   bool keep_peer = true;
+  spawned_ = 0;
   Status st = ir::ParseBatch(msg, ir::BatchKind::kRequests, &records);
   if (!st.ok()) out.AddReply<ir::PingRep>(0, 0, st, {}, nullptr);
   bool hello_seen = false;
@@ -305,6 +308,12 @@ void Broker::HandleMessage(fabric::PeerId peer, std::span<const uint8_t> msg) {
   if (!out.empty()) {
     st = ep_->Send(peer, out.Finish());
     if (!st.ok()) log::Warn("cannot reply to peer {}: {}", peer, st.ToString());
+    // Nobody will attach to a session whose Hello went unanswered: its worker would wait for
+    // its client until the session timeout, counted as live all along.
+    if (!st.ok() && spawned_ > 0) {
+      log::Warn("session worker {} is ended: its client never learnt of it", spawned_);
+      ::kill(spawned_, SIGKILL);
+    }
   }
   if (!keep_peer) ep_->Close(peer);
 }

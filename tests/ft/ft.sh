@@ -122,7 +122,8 @@ stop)
   cmp -s "$work/native.out" "$work/run.out" || fail "output differs"
   grep -q "took over" "$work/run.out.err" || fail "no migration happened"
   ms=$(((took - t0) / 1000000))
-  note "SIGSTOP to migrated: $ms ms (timeout $timeout_ms ms)"
+  takeover=$(grep -o "took over as replica .* in [0-9.]* s" "$work/run.out.err" | grep -o "[0-9.]* s$" | head -1)
+  note "SIGSTOP to migrated: $ms ms (timeout $timeout_ms ms; the takeover itself ${takeover:-?})"
   ((ms <= 2 * timeout_ms)) || fail "migration took $ms ms, more than 2x the $timeout_ms ms timeout"
   no_leaks spare
   ;;
