@@ -5,6 +5,7 @@
 // TANDEM_BENCH_QUICK=1: few repetitions, sizes up to 1 MiB (a smoke run).
 //   cuda_bench          launch, copy latency, bandwidth, idle read-back
 //   cuda_bench --idle   only the warm and idle read-backs (run again with keepalive off)
+//   cuda_bench --no-idle  everything but the idle read-backs (run_bench.sh's extra rounds)
 //   cuda_bench --idle-busy  the same, the program's thread busy-waiting through each gap
 //                       instead of sleeping: what is left of the idle cost then is the
 //                       link's and the GPU's, not the program's CPU going idle
@@ -266,8 +267,8 @@ int main(int argc, char** argv) {
     busy_gap = true;
     mode = "--idle";
   }
-  if (mode != "" && mode != "--idle" && mode != "--s2s") {
-    std::fprintf(stderr, "usage: cuda_bench [--idle | --idle-busy | --s2s]\n");
+  if (mode != "" && mode != "--idle" && mode != "--no-idle" && mode != "--s2s") {
+    std::fprintf(stderr, "usage: cuda_bench [--idle | --idle-busy | --no-idle | --s2s]\n");
     return 2;
   }
   if (mode == "--s2s") return PeerMain();
@@ -302,7 +303,7 @@ int main(int argc, char** argv) {
         Bandwidth(dev, pinned, s.label, s.bytes, Reps(s.reps, 3));
       }
   }
-  IdleReadback(dev);
+  if (mode != "--no-idle") IdleReadback(dev);
 
   CK(cudaFree(dev));
   CK(cudaDeviceSynchronize());

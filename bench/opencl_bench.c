@@ -5,6 +5,7 @@
  * TANDEM_BENCH_QUICK=1: few repetitions, sizes up to 1 MiB.
  *   opencl_bench          enqueue cost, copy latency, bandwidth, idle read-back
  *   opencl_bench --idle   only the warm and idle read-backs (run again with keepalive off)
+ *   opencl_bench --no-idle  everything but the idle read-backs (run_bench.sh's extra rounds)
  *   opencl_bench --s2s    only device 0 -> device 1 copies in one context of both:
  *                         clEnqueueCopyBuffer on device 1's queue of a buffer last written
  *                         on device 0's, against a relay through the host (needs two
@@ -335,9 +336,10 @@ int main(int argc, char** argv) {
 
   const char* mode = argc > 1 ? argv[1] : "";
   int idle_only = strcmp(mode, "--idle") == 0, s2s = strcmp(mode, "--s2s") == 0;
+  int no_idle = strcmp(mode, "--no-idle") == 0;
 
-  if (argc > 2 || (*mode && !idle_only && !s2s)) {
-    fprintf(stderr, "usage: opencl_bench [--idle | --s2s]\n");
+  if (argc > 2 || (*mode && !idle_only && !s2s && !no_idle)) {
+    fprintf(stderr, "usage: opencl_bench [--idle | --no-idle | --s2s]\n");
     return 2;
   }
   quick = q && *q && strcmp(q, "0") != 0;
@@ -397,7 +399,7 @@ int main(int argc, char** argv) {
     for (s = 0; s < 3; ++s)
       if (sizes[s] <= max_bytes) bandwidth(size_label[s], sizes[s], reps(size_reps[s], 3));
   }
-  idle_readback();
+  if (!no_idle) idle_readback();
 
   CK(clReleaseMemObject(dev_buf));
   CK(clReleaseKernel(kernel));

@@ -24,6 +24,9 @@
 #   TANDEM_FABRIC_PROVIDER      the provider of the Tandem column (default tcp)
 #   TANDEM_BENCH_SHM=1|0        add (or leave out) the tandem(shm) column; default: on in
 #                               full runs, off in quick runs; n/a when shm does not work
+#   TANDEM_BENCH_ROUNDS=N       native and Tandem (tcp) runs of each program, alternating;
+#                               each row is their median (default 3; 1 in quick runs; the
+#                               idle read-backs come from the first round only)
 # Exit status: 0 when every main program ran, every output line parsed and the table
 # printed. Rows that cannot be measured here (one device, a provider that is missing, a
 # server-to-server path not there yet) are n/a with their reason and do not fail the run.
@@ -71,9 +74,9 @@ export TANDEM_FAILOVER_TIMEOUT_MS=600000
 export POCL_CACHE_DIR=${POCL_CACHE_DIR:-$work/pocl-cache}
 mkdir -p "$POCL_CACHE_DIR"
 if ((QUICK)); then
-  RUN_TIMEOUT=60 PING_ITERS=200 WORK_TIMEOUT=60 S2S_LABEL=1MiB
+  RUN_TIMEOUT=60 PING_ITERS=200 WORK_TIMEOUT=60 S2S_LABEL=1MiB ROUNDS=1
 else
-  RUN_TIMEOUT=600 PING_ITERS=10000 WORK_TIMEOUT=180 S2S_LABEL=256MiB
+  RUN_TIMEOUT=600 PING_ITERS=10000 WORK_TIMEOUT=180 S2S_LABEL=256MiB ROUNDS=${TANDEM_BENCH_ROUNDS:-3}
 fi
 
 # Native OpenCL (NVIDIA's, else PoCL), both ICD loaders pinned to it.
@@ -175,6 +178,35 @@ na_file() {
   for row; do echo "$row n/a $why"; done >"$OUT/$name.txt"
 }
 
+# median_rows NAME: NAME.txt becomes, row by row, the median of NAME.txt and its extra
+# rounds NAME.rN.txt (rows a round lacks, such as the idle read-backs, or has as n/a, count
+# without it). The first round is kept as NAME.r1.txt.
+median_rows() {
+  local name=$1
+  compgen -G "$OUT/$name.r[0-9]*.txt" >/dev/null || return 0
+  cp "$OUT/$name.txt" "$OUT/$name.r1.txt"
+  python3 - "$OUT/$name.txt" "$OUT/$name".r[0-9]*.txt <<'PY'
+import statistics, sys
+out, files = sys.argv[1], sys.argv[2:]
+rows, values = [], {}
+for path in files:
+    for line in open(path):
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        name = parts[0]
+        if name not in values:
+            rows.append(name)
+            values[name] = ([], line.rstrip("\n"), parts[2])
+        if parts[1] != "n/a":
+            values[name][0].append(float(parts[1]))
+with open(out, "w") as f:
+    for name in rows:
+        vals, first, unit = values[name]
+        print(f"{name} {statistics.median(vals):.4f} {unit}" if vals else first, file=f)
+PY
+}
+
 # bench API BACKEND PREFIX PROGRAM RUNFLAGS: every run of one benchmark program.
 bench() {
   local api=$1 backend=$2 prefix=$3 prog=$4 flags=$5 rc s2s_rows list
@@ -188,7 +220,20 @@ bench() {
     log "$api: through Tandem ($PROVIDER, $list)"
     run_tandem "$api-tandem" "$PROVIDER" "$list" "$flags" "$prog"; rc=$?
     if ((rc)); then fail "$api through Tandem: $(reason "$api-tandem" $rc)"
-    else check "$OUT/$api-tandem.txt"; fi
+    else
+      check "$OUT/$api-tandem.txt"
+      # On a machine whose own costs drift from minute to minute, one native run against one
+      # Tandem run a minute later says little: more rounds, alternating, and the median.
+      local r
+      for ((r = 2; r <= ROUNDS; ++r)); do
+        log "$api: round $r of $ROUNDS, natively and through Tandem (no idle read-backs)"
+        run_native "$api-native.r$r" "$prog" --no-idle || rm -f "$OUT/$api-native.r$r.txt"
+        run_tandem "$api-tandem.r$r" "$PROVIDER" "$list" "$flags" "$prog" --no-idle || rm -f "$OUT/$api-tandem.r$r.txt"
+      done
+      median_rows "$api-native"
+      median_rows "$api-tandem"
+      check "$OUT/$api-native.txt" && check "$OUT/$api-tandem.txt"
+    fi
     log "$api: idle read-back through Tandem with keepalive off"
     TANDEM_KEEPALIVE_MS=0 run_tandem "$api-tandem-ka0" "$PROVIDER" "$list" "$flags" "$prog" --idle; rc=$?
     if ((rc)); then fail "$api with keepalive off: $(reason "$api-tandem-ka0" $rc)"
