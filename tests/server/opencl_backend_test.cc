@@ -237,6 +237,20 @@ TEST_F(OpenCLBackendTest, LaunchWithBufferScalarStructAndLocalArgs) {
     std::memcpy(&v, out.data() + 4 * i, 4);
     EXPECT_EQ(v, 100 + 5 + 2 + i);
   }
+  // Arguments left as the last launch set them are not set again: changed ones must still
+  // take effect, in either direction.
+  Alloc(3, 64 * 4);
+  for (auto [buffer, scalar] : {std::pair<uint64_t, int32_t>{3, 200}, {1, 300}, {1, 300}}) {
+    l.args[0].value = buffer;
+    l.args[1].data = ValueBytes(scalar);
+    ASSERT_TRUE(be_->OnLaunch(l, &lrep).ok());
+    ir::bytes got = Read(buffer, 0, 64 * 4);
+    for (int i = 0; i < 64; i += 21) {
+      int32_t v;
+      std::memcpy(&v, got.data() + 4 * i, 4);
+      EXPECT_EQ(v, scalar + 5 + 2 + i) << "buffer " << buffer << ", element " << i;
+    }
+  }
   // With a global offset, and with the local size left to the runtime.
   l.function = 32;
   ASSERT_TRUE(be_->OnFunctionGet({32, 30, "twice"}, &frep).ok());

@@ -99,6 +99,9 @@ struct Function {
   KernelRef kernel;
   uint32_t device = 0;
   uint32_t num_args = 0;
+  // What each argument was last set to (its kind, then its bytes, buffer or local size):
+  // an unchanged argument is not set again. Empty: not set yet.
+  std::vector<std::vector<uint8_t>> last_args;
 };
 struct Stream {
   QueueRef queue;
