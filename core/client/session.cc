@@ -14,16 +14,6 @@
 
 namespace tandem::client {
 namespace {
-// An asynchronous command waits at most this long for companions before it is sent.
-// TANDEM_EXP_FLUSH_US (an experiment's knob, not a setting) overrides it.
-Clock::duration FlushDelay() {
-  static const Clock::duration t = [] {
-    long us = 100;
-    if (const char* v = std::getenv("TANDEM_EXP_FLUSH_US"); v && *v) us = std::strtol(v, nullptr, 10);
-    return std::chrono::duration_cast<Clock::duration>(std::chrono::microseconds(std::max(0L, us)));
-  }();
-  return t;
-}
 // A batch this large is sent at once.
 constexpr size_t kFlushBytes = 256 * 1024;
 // An idle link is pinged this often; the ping doubles as the liveness check.
@@ -35,6 +25,14 @@ long EnvMillis(const char* name, long fallback) {
   char* end = nullptr;
   long ms = std::strtol(v, &end, 10);
   return (end && *end == 0 && ms >= 0) ? ms : fallback;
+}
+
+// An asynchronous command waits at most this long for companions before it is sent.
+// TANDEM_EXP_FLUSH_US (an experiment's knob, not a setting; a count like the others, here
+// of microseconds) overrides it.
+Clock::duration FlushDelay() {
+  static const Clock::duration t = std::chrono::microseconds(EnvMillis("TANDEM_EXP_FLUSH_US", 100));
+  return t;
 }
 
 // Unacknowledged request bytes past which an idle link is pinged for an Ack.

@@ -30,7 +30,10 @@ Status FabricBulk::Prepare(const ir::Region& remote, size_t len) {
     if (host.ok() && host.value()->size() >= kSlots * kChunk) {
       host_ = std::move(host.value());
       staging_ = host_->data();
-    } else if (!host.ok() && host.status().code() != Code::kUnimplemented) {
+    } else if (host.ok()) {
+      log::Warn("bulk staging: the backend gave {} bytes of {}; using ordinary memory", host.value()->size(),
+                kSlots * kChunk);
+    } else if (host.status().code() != Code::kUnimplemented) {
       log::Warn("bulk staging: the backend's memory failed ({}); using ordinary memory", host.status().message());
     }
   }

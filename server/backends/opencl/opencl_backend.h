@@ -228,7 +228,6 @@ class OpenCLBackend : public Backend {
   // ---- enqueues (opencl_backend.cc) ----
   Result<cl_command_queue> DefaultQueue(uint32_t device);
   Result<cl_command_queue> TransferQueue(uint32_t device);
-
   // The start of an asynchronous transfer's destination half (opencl_async.cc).
   struct Staged {
     Buffer* buffer = nullptr;

@@ -66,12 +66,14 @@ Status OpenCLBackend::OnLaunch(const ir::LaunchReq& req, ir::LaunchRep*) {
   // clSetKernelArg costs about a microsecond on NVIDIA's OpenCL).
   fn.last_args.resize(fn.num_args);
   // Remembers what argument i is now set to; a failed set forgets it.
+  // Compared and stored in place: no allocation once an argument has been set.
   auto setting = [&fn](cl_uint i, ir::ArgKind kind, const void* p, size_t n) {
-    std::vector<uint8_t> key(1 + n);
-    key[0] = static_cast<uint8_t>(kind);
-    if (n) std::memcpy(key.data() + 1, p, n);
-    if (fn.last_args[i] == key) return false;
-    fn.last_args[i] = std::move(key);
+    std::vector<uint8_t>& last = fn.last_args[i];
+    const auto k = static_cast<uint8_t>(kind);
+    if (last.size() == 1 + n && last[0] == k && (n == 0 || std::memcmp(last.data() + 1, p, n) == 0)) return false;
+    last.resize(1 + n);
+    last[0] = k;
+    if (n) std::memcpy(last.data() + 1, p, n);
     return true;
   };
   for (cl_uint i = 0; i < req.args.size(); ++i) {
