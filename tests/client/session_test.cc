@@ -1,0 +1,102 @@
+// Tier 1: the client session's batching, against an endpoint that only records what is
+// sent (no network, no flusher thread): what leaves when is decided by the posting thread.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <mutex>
+#include <thread>
+
+#include "session.h"
+#include "tandem/ir/codec.h"
+
+namespace tandem::client {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Records each message sent; everything else is refused (the session under test needs none).
+class RecordingEndpoint final : public fabric::Endpoint {
+ public:
+  std::string provider() const override { return "recording"; }
+  std::string address() const override { return "recording:0"; }
+  uint16_t port() const override { return 0; }
+  Result<fabric::PeerId> Connect(const std::string&, fabric::Millis) override { return Refused(); }
+  void Close(fabric::PeerId) override {}
+  Status Send(fabric::PeerId, std::vector<uint8_t> data) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    sent_.push_back(std::move(data));
+    return Status::Ok();
+  }
+  Result<fabric::Event> Next(fabric::Millis) override { return Status(Code::kTimeout, "recording endpoint"); }
+  void Interrupt() override {}
+  void SetSpin(int) override {}
+  Result<std::unique_ptr<fabric::MemoryRegion>> Register(void*, size_t, uint32_t) override { return Refused(); }
+  Result<fabric::OpId> PostRead(fabric::PeerId, fabric::MemoryRegion&, size_t, const fabric::RemoteRegion&, uint64_t,
+                                size_t) override {
+    return Refused();
+  }
+  Result<fabric::OpId> PostWrite(fabric::PeerId, fabric::MemoryRegion&, size_t, const fabric::RemoteRegion&, uint64_t,
+                                 size_t) override {
+    return Refused();
+  }
+  Status Wait(fabric::OpId, fabric::Millis) override { return Refused(); }
+  bool InFlight(fabric::OpId) override { return false; }
+
+  // The records of each message sent so far.
+  std::vector<std::vector<ir::Record>> Batches() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<std::vector<ir::Record>> out;
+    for (const auto& msg : sent_) {
+      std::vector<ir::Record> records;
+      EXPECT_TRUE(ir::ParseBatch(msg, ir::BatchKind::kRequests, &records).ok());
+      out.push_back(std::move(records));
+    }
+    return out;
+  }
+
+ private:
+  static Status Refused() { return Status(Code::kUnimplemented, "recording endpoint"); }
+  std::mutex mu_;
+  std::vector<std::vector<uint8_t>> sent_;  // parsed records point into these: never erased
+};
+
+std::vector<uint8_t> LaunchPayload(uint64_t function) {
+  ir::LaunchReq req{.function = function, .dims = 1, .grid = {1}, .block = {1}};
+  std::vector<uint8_t> out;
+  ir::Writer w(&out);
+  ir::Put(w, req);
+  return out;
+}
+
+constexpr auto kLaunch = static_cast<uint16_t>(ir::Opcode::kLaunch);
+
+// A program that posts without pause never leaves the posting thread's lock to a flusher,
+// so the posting thread itself must send a batch once its first command has waited the
+// flush delay (100 us). Here there is no flusher at all: only the posts can send.
+TEST(SessionBatching, ThePostingThreadSendsABatchThatWaitedTheFlushDelay) {
+  RecordingEndpoint ep;
+  int wakes = 0;
+  SessionImpl s(&ep, 1, "recording", "", "opencl", [&wakes] { ++wakes; });
+  s.PostRaw(kLaunch, LaunchPayload(1), nullptr);
+  // Fresh: it waits for companions, and the flusher is asked to watch it.
+  EXPECT_TRUE(ep.Batches().empty());
+  EXPECT_EQ(wakes, 1);
+  std::this_thread::sleep_for(5ms);  // well past the delay
+  s.PostRaw(kLaunch, LaunchPayload(2), nullptr);
+  auto batches = ep.Batches();
+  ASSERT_EQ(batches.size(), 1u) << "the aged batch waited for a flusher that never came";
+  ASSERT_EQ(batches[0].size(), 2u);
+  EXPECT_EQ(batches[0][0].header.opcode, kLaunch);
+  EXPECT_LT(batches[0][0].header.seq, batches[0][1].header.seq);
+  // The next post starts a new batch, which again waits (and wakes the flusher once).
+  s.PostRaw(kLaunch, LaunchPayload(3), nullptr);
+  EXPECT_EQ(ep.Batches().size(), 1u);
+  EXPECT_EQ(wakes, 2);
+  ASSERT_TRUE(s.Flush().ok());
+  batches = ep.Batches();
+  ASSERT_EQ(batches.size(), 2u);
+  EXPECT_EQ(batches[1].size(), 1u);
+}
+
+}  // namespace
+}  // namespace tandem::client
