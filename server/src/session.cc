@@ -243,33 +243,16 @@ Status Session::ExecuteUrgent(const ir::UserEventSetReq& req, ir::UserEventSetRe
   return backend_->OnUserEventSet(req, rep);
 }
 
-namespace {
-// A launch decodes into the previous launch's storage (one per thread), so a steady stream
-// of launches allocates nothing for its grid, block and argument lists. Backends copy a
-// launch's arguments before they return; other requests may be held by what they enqueue.
-template <class Req>
-Req& DecodeTarget(Req& fresh) {
-  if constexpr (std::is_same_v<Req, ir::LaunchReq>) {
-    static thread_local ir::LaunchReq reused;
-    return reused;
-  } else {
-    return fresh;
-  }
-}
-}  // namespace
-
 template <class Req>
 void Session::Run(const ir::Record& rec, ir::BatchWriter& out) {
   if (log::TraceEnabled()) log::Trace("run #{} {}", rec.header.seq, ir::TraceRequest(rec.header.opcode, rec.payload));
-  Req fresh;
-  Req& req = DecodeTarget(fresh);
+  Req req;
   Status st = ir::DecodeRequest(rec.payload, &req);
   // A malformed record is always answered: its flags cannot be trusted to say otherwise.
   if (!st.ok()) return ReplyError(rec, st, out);
-  // On the stack: only a reply that waits on the device (below) moves to the heap.
-  typename Req::Reply reply{};
-  const auto started = profile_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
-  st = Execute(req, &reply);
+  auto rep = std::make_shared<typename Req::Reply>();
+  const auto started = std::chrono::steady_clock::now();
+  st = Execute(req, rep.get());
   if (profile_) profile_->Add(std::string(Req::kName), std::chrono::steady_clock::now() - started);
   if (log::TraceEnabled()) log::Trace("ran #{} {}: {}", rec.header.seq, Req::kName, st.ToString());
   commands_run_.fetch_add(1, std::memory_order_relaxed);
@@ -283,8 +266,6 @@ void Session::Run(const ir::Record& rec, ir::BatchWriter& out) {
     } else {
       // It is the sync point for what came before it: it carries their deferred errors.
       const ir::RecordHeader head = rec.header;
-      // Moving keeps a reply's buffers where they are: a read enqueued into rep->data stays valid.
-      auto rep = std::make_shared<typename Req::Reply>(std::move(reply));
       late_.push_back([this, head, rep, wait = std::move(wait), deferred = TakeDeferred()] {
         Status done = wait();
         if constexpr (std::is_same_v<Req, ir::BufferReadReq>) {
@@ -298,12 +279,12 @@ void Session::Run(const ir::Record& rec, ir::BatchWriter& out) {
     }
   }
   if constexpr (std::is_same_v<Req, ir::BufferReadReq>) {
-    if (st.ok()) MaybeFlip(reply.data);
+    if (st.ok()) MaybeFlip(rep->data);
   }
   if constexpr (std::is_same_v<Req, ir::BufferDigestReq>) {
-    if (st.ok()) MaybeFlip(reply.digests);
+    if (st.ok()) MaybeFlip(rep->digests);
   }
-  if (want_reply) return Reply(rec, st, &reply, out);
+  if (want_reply) return Reply(rec, st, rep.get(), out);
   if (!st.ok()) {
     uint64_t signal = 0;
     if constexpr (requires { req.signal; }) signal = req.signal;

@@ -223,7 +223,6 @@ class CudaBackend final : public Backend {
   std::unordered_map<uint64_t, Module> modules_;
   std::unordered_map<uint64_t, Function> functions_;
   std::unordered_set<uint64_t> orphaned_functions_;  // their module was freed before them
-  std::vector<void*> launch_params_;  // OnLaunch's kernelParams, kept to spare an allocation per launch
   std::unordered_map<uint64_t, Stream> streams_;
   std::unordered_map<uint64_t, Event> events_;
   // UserEventSet is urgent: the worker's receive thread runs it beside the executor (see

@@ -34,8 +34,7 @@ Status CudaBackend::OnLaunch(const ir::LaunchReq& req, ir::LaunchRep*) {
     return Status::Invalid(fmt::format("Launch of {}: it takes {} parameters, the launch gives {}", f.name,
                                        f.params.size(), req.args.size()));
   // The driver only reads through kernelParams; it is void** for historical reasons.
-  std::vector<void*>& params = launch_params_;
-  params.resize(req.args.size());
+  std::vector<void*> params(req.args.size());
   for (size_t i = 0; i < req.args.size(); ++i) {
     const ir::LaunchArg& a = req.args[i];
     if (a.kind != static_cast<uint32_t>(ir::ArgKind::kBytes))

@@ -150,8 +150,7 @@ bool Get(Reader& r, std::vector<T>* v) {
   uint32_t n;
   // Every element encodes to at least one byte (structs: at least 4), bounding n by the data left.
   if (!r.GetCount(&n, kMaxListItems, std::is_integral_v<T> ? sizeof(T) : 1)) return false;
-  // resize without clear: elements that stay keep their own storage (a reused request's
-  // argument bytes), and Get overwrites every field of each.
+  v->clear();
   v->resize(n);
   for (auto& e : *v)
     if (!Get(r, &e)) return false;
