@@ -137,6 +137,42 @@ TEST_F(OpenCLBackendTest, WriteReadCopyFillRect) {
     for (size_t x = 0; x < 4; ++x) EXPECT_EQ(rect[y * 8 + x], src[(1 + y) * 16 + 2 + x]) << x << "," << y;
 }
 
+// Small reads land in the device's mapped read slots and are copied into the reply when
+// the waiter runs. More reads in flight than slots: the rest read straight into their reply;
+// a read over a slot's size too. Each gets its own bytes, also after the slots came back.
+TEST_F(OpenCLBackendTest, DeferredReadsThroughSlotsAndPastThem) {
+  constexpr size_t kBig = (64u << 10) + 3;
+  Alloc(1, 1 << 20);
+  ir::bytes data(1 << 20);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>((i * 7) ^ (i >> 9));
+  ASSERT_TRUE(Write(1, 0, data).ok());
+  be_->AllowDeferredReplies(true);
+  for (int round = 0; round < 2; ++round) {
+    struct Pending {
+      uint64_t offset, size;
+      std::unique_ptr<ir::BufferReadRep> rep;
+      std::function<Status()> wait;
+    };
+    std::vector<Pending> pending;
+    for (uint64_t i = 0; i < 20; ++i) {
+      const uint64_t size = i == 5 ? kBig : 8 + i * 100, offset = i * 4099 + round;
+      auto rep = std::make_unique<ir::BufferReadRep>();
+      ASSERT_TRUE(be_->OnBufferRead({0, 1, offset, size, {}, {}, 0}, rep.get()).ok());
+      auto wait = be_->TakeDeferredReply();
+      ASSERT_TRUE(wait) << "read " << i << " was not deferred";
+      pending.push_back({offset, size, std::move(rep), std::move(wait)});
+    }
+    // Waited for in reverse: a slot's bytes belong to its own read, whatever the order.
+    for (auto it = pending.rbegin(); it != pending.rend(); ++it) {
+      ASSERT_TRUE(it->wait().ok());
+      ASSERT_EQ(it->rep->data.size(), it->size);
+      EXPECT_TRUE(std::equal(it->rep->data.begin(), it->rep->data.end(), data.begin() + it->offset))
+          << "round " << round << ": read at " << it->offset << " of " << it->size;
+    }
+  }
+  be_->AllowDeferredReplies(false);
+}
+
 TEST_F(OpenCLBackendTest, RmaWriteAndReadGoThroughChunks) {
   constexpr size_t kSize = 10 * MemoryBulk::kChunk + 123;
   Alloc(1, kSize + 8);

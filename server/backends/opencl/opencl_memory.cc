@@ -3,9 +3,11 @@
 #include <fmt/format.h>
 
 #include <array>
+#include <cstring>
 #include <memory>
 
 #include "opencl_backend.h"
+#include "tandem/log.h"
 
 namespace tandem::server::opencl {
 namespace {
@@ -129,19 +131,77 @@ Status OpenCLBackend::OnBufferRead(const ir::BufferReadReq& req, ir::BufferReadR
     return Status::Invalid(
         fmt::format("an inline read of {} bytes exceeds {}; give a remote region", req.size, ir::kMaxBytes));
   // Enqueued in order, waited for off the executor: the data travels in the reply, which
-  // leaves when the read is done (the reply object outlives the wait).
+  // leaves when the read is done (the reply object outlives the wait). A small read lands in
+  // a mapped slot first (ReadSlots: the faster path of NVIDIA's OpenCL).
   rep->data.resize(req.size);
-  cl_int err = clEnqueueReadBuffer(e.queue, b.value()->mem.get(), CL_FALSE, req.offset, req.size, rep->data.data(),
-                                   e.num_wait(), e.wait_list(), e.event_out(true));
+  std::shared_ptr<uint8_t> slot = req.size <= ReadSlots::kSlotBytes ? ReadSlot(b.value()->device) : nullptr;
+  cl_int err = clEnqueueReadBuffer(e.queue, b.value()->mem.get(), CL_FALSE, req.offset, req.size,
+                                   slot ? slot.get() : rep->data.data(), e.num_wait(), e.wait_list(),
+                                   e.event_out(true));
   if (err != CL_SUCCESS) return ClError(err, "clEnqueueReadBuffer");
   clRetainEvent(e.done);
   auto done = std::make_shared<EventRef>(e.done);
   Complete(e);
   clFlush(e.queue);
-  return ReplyLater([done] {
+  return ReplyLater([done, slot = std::move(slot), out = rep->data.data(), n = req.size] {
     cl_event ev = done->get();
     cl_int err = clWaitForEvents(1, &ev);
-    return err == CL_SUCCESS ? Status::Ok() : ClError(err, "clWaitForEvents", "read back");
+    if (err != CL_SUCCESS) return ClError(err, "clWaitForEvents", "read back");
+    if (slot) std::memcpy(out, slot.get(), n);
+    return Status::Ok();
+  });
+}
+
+// The device's read slots, made on first use. Without them (mapping failed, logged once)
+// reads go straight into the reply.
+std::shared_ptr<uint8_t> OpenCLBackend::ReadSlot(uint32_t device) {
+  Device& d = devices_[device];
+  if (!d.read_slots && !d.read_slots_failed) {
+    auto made = ReadSlots::Make(d.context.get(), d.id);
+    if (made.ok()) {
+      d.read_slots = std::move(made.value());
+    } else {
+      d.read_slots_failed = true;
+      log::Warn("device {}: no mapped memory for small reads ({}); they read into pageable memory",
+                device, made.status().ToString());
+    }
+  }
+  return d.read_slots ? d.read_slots->Take() : nullptr;
+}
+
+Result<std::shared_ptr<ReadSlots>> ReadSlots::Make(cl_context context, cl_device_id device) {
+  cl_int err = CL_SUCCESS;
+  QueueRef queue(clCreateCommandQueueWithProperties(context, device, nullptr, &err));
+  if (err != CL_SUCCESS) return ClError(err, "clCreateCommandQueueWithProperties", "read slots");
+  const size_t n = kSlotBytes * kSlots;
+  MemRef mem(clCreateBuffer(context, CL_MEM_READ_WRITE | CL_MEM_ALLOC_HOST_PTR, n, nullptr, &err));
+  if (err != CL_SUCCESS) return ClError(err, "clCreateBuffer", "read slots");
+  void* p = clEnqueueMapBuffer(queue.get(), mem.get(), CL_TRUE, CL_MAP_READ | CL_MAP_WRITE, 0, n, 0, nullptr, nullptr,
+                               &err);
+  if (err != CL_SUCCESS) return ClError(err, "clEnqueueMapBuffer", "read slots");
+  return std::make_shared<ReadSlots>(std::move(queue), std::move(mem), static_cast<uint8_t*>(p));
+}
+
+ReadSlots::ReadSlots(QueueRef queue, MemRef mem, uint8_t* base)
+    : queue_(std::move(queue)), mem_(std::move(mem)), base_(base) {
+  for (uint32_t i = kSlots; i-- > 0;) free_.push_back(i);
+}
+
+ReadSlots::~ReadSlots() {
+  cl_int err = clEnqueueUnmapMemObject(queue_.get(), mem_.get(), base_, 0, nullptr, nullptr);
+  if (err == CL_SUCCESS) err = clFinish(queue_.get());
+  if (err != CL_SUCCESS) log::Warn("read slots: unmapping them failed ({})", ClErrorName(err));
+}
+
+std::shared_ptr<uint8_t> ReadSlots::Take() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (free_.empty()) return nullptr;
+  const uint32_t i = free_.back();
+  free_.pop_back();
+  // The slot holds the pool: a read still in flight at teardown keeps its memory mapped.
+  return std::shared_ptr<uint8_t>(base_ + size_t{i} * kSlotBytes, [self = shared_from_this(), i](uint8_t*) {
+    std::lock_guard<std::mutex> l(self->mu_);
+    self->free_.push_back(i);
   });
 }
 
