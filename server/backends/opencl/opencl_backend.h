@@ -71,9 +71,9 @@ const char* ClErrorName(cl_int err);
 
 // Mapped CL_MEM_ALLOC_HOST_PTR memory that small inline reads land in. NVIDIA's OpenCL
 // takes a slower path for a non-blocking read into pageable memory: 17-51 us for 8 bytes on
-// an H100, against 7-9 us into mapped memory or for a blocking read (.scratch/oclpat.c,
-// two machines). A read takes a slot; the waiter copies it into the reply once the read is
-// done, and the slot goes back when the last reference to it does.
+// an H100, against 7-9 us into mapped memory or for a blocking read (two machines,
+// bench/experiments/opencl_read_paths.c). A read takes a slot; the waiter copies it into the
+// reply once the read is done, and the slot goes back when the last reference to it does.
 class ReadSlots : public std::enable_shared_from_this<ReadSlots> {
  public:
   static constexpr size_t kSlotBytes = 64u << 10;
