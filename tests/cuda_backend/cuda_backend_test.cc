@@ -417,6 +417,30 @@ TEST_F(CudaBackendTest, BulkReadsStraightIntoPinnedStaging) {
   bulk_.staging.reset();
 }
 
+// Inline reads up to a chunk go through staging slot 0 and a copy; right after a bulk write
+// (whose last copies out of the slots may still be running) they must see its bytes, and a
+// read just over a chunk goes straight into the reply.
+TEST_F(CudaBackendTest, InlineReadsThroughStagingAfterABulkWrite) {
+  Reserve();
+  const size_t size = (10u << 20) + 123;
+  ASSERT_OK(Alloc(1, kBase, size));
+  std::vector<uint8_t> host(size);
+  for (size_t i = 0; i < size; ++i) host[i] = static_cast<uint8_t>((i * 2654435761u) >> 11);
+  ir::BufferWriteReq w;
+  w.buffer = 1;
+  w.size = size;
+  w.remote = ir::Region{reinterpret_cast<uint64_t>(host.data()), size, 1};
+  for (size_t n : {size_t{8}, size_t{4096}, size_t{4u << 20}, size_t{(4u << 20) + 1}}) {
+    ASSERT_OK(b_->OnBufferWrite(w, nullptr));
+    const uint64_t offset = 3 + n % 1000;
+    auto got = Read(1, offset, n);
+    ASSERT_OK(got.status());
+    ASSERT_EQ(got.value().size(), n);
+    EXPECT_TRUE(std::equal(got.value().begin(), got.value().end(), host.begin() + offset)) << n << " bytes";
+    for (auto& b : host) b ^= 0x5a;  // the next round writes other bytes
+  }
+}
+
 TEST_F(CudaBackendTest, ModuleFollowsPointerInDeviceMemory) {
   REQUIRE_MODULES();
   const uint64_t g = Reserve();

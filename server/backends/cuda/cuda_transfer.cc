@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "cuda_backend.h"
+#include "tandem/log.h"
 
 namespace tandem::server::cuda {
 
@@ -97,11 +98,28 @@ Status CudaBackend::OnBufferRead(const ir::BufferReadReq& req, ir::BufferReadRep
     return Signal(*q, req.signal);
   }
   rep->data.resize(req.size);
+  // Up to a chunk, through pinned staging slot 0 and a copy: 7.2 against 9.3 us for 8 B, 8.4
+  // + 4.9 against 20 us for 64 KiB on the H100 (into pageable memory the driver stages it
+  // itself). The slot's last copy (a write's, on any stream) is waited for first.
+  uint8_t* staging = nullptr;
+  bool staged = false;
+  if (req.size > 0 && req.size <= kChunk) {
+    Status st = Staging(q->device, &staging);
+    staged = st.ok();
+    if (!staged) log::Debug("BufferRead of {} bytes without staging: {}", req.size, st.message());
+  }
+  if (staged)
+    TANDEM_RETURN_IF_ERROR(
+        Check(q->device, drv_->cuEventSynchronize(devices_[q->device].slot_done[0]), "cuEventSynchronize"));
   if (req.size > 0)
-    TANDEM_RETURN_IF_ERROR(Check(q->device, drv_->cuMemcpyDtoHAsync(rep->data.data(), src->address, req.size, q->stream),
+    TANDEM_RETURN_IF_ERROR(Check(q->device,
+                                 drv_->cuMemcpyDtoHAsync(staged ? staging : rep->data.data(), src->address, req.size,
+                                                         q->stream),
                                  "cuMemcpyDtoHAsync"));
   TANDEM_RETURN_IF_ERROR(Signal(*q, req.signal));
-  return Check(q->device, drv_->cuStreamSynchronize(q->stream), "cuStreamSynchronize");
+  TANDEM_RETURN_IF_ERROR(Check(q->device, drv_->cuStreamSynchronize(q->stream), "cuStreamSynchronize"));
+  if (staged) std::memcpy(rep->data.data(), staging, req.size);
+  return Status::Ok();
 }
 
 // Staging slot s holds chunk-sized unit u of the source when slot_unit[s] == u. The unit a
