@@ -417,9 +417,9 @@ TEST_F(CudaBackendTest, BulkReadsStraightIntoPinnedStaging) {
   bulk_.staging.reset();
 }
 
-// Inline reads up to a chunk go through staging slot 0 and a copy; right after a bulk write
-// (whose last copies out of the slots may still be running) they must see its bytes, and a
-// read just over a chunk goes straight into the reply.
+// Inline reads up to 64 KiB go through staging slot 0 and a copy; right after a bulk write
+// (whose last copies out of the slots may still be running) they must see its bytes, and
+// larger ones go straight into the reply.
 TEST_F(CudaBackendTest, InlineReadsThroughStagingAfterABulkWrite) {
   Reserve();
   const size_t size = (10u << 20) + 123;
@@ -430,7 +430,7 @@ TEST_F(CudaBackendTest, InlineReadsThroughStagingAfterABulkWrite) {
   w.buffer = 1;
   w.size = size;
   w.remote = ir::Region{reinterpret_cast<uint64_t>(host.data()), size, 1};
-  for (size_t n : {size_t{8}, size_t{4096}, size_t{4u << 20}, size_t{(4u << 20) + 1}}) {
+  for (size_t n : {size_t{8}, size_t{4096}, ir::kInlineDataLimit, ir::kInlineDataLimit + 1, size_t{4u << 20}}) {
     ASSERT_OK(b_->OnBufferWrite(w, nullptr));
     const uint64_t offset = 3 + n % 1000;
     auto got = Read(1, offset, n);
