@@ -5,7 +5,7 @@
 // TANDEM_BENCH_QUICK=1: few repetitions, sizes up to 1 MiB (a smoke run).
 //   cuda_bench          launch, copy latency, bandwidth, idle read-back
 //   cuda_bench --idle   only the warm and idle read-backs (run again with keepalive off)
-//   cuda_bench --no-idle  everything but the idle read-backs (run_bench.sh's extra rounds)
+//   cuda_bench --no-idle  everything but the idle read-backs
 //   cuda_bench --idle-busy  the same, the program's thread busy-waiting through each gap
 //                       instead of sleeping: what is left of the idle cost then is the
 //                       link's and the GPU's, not the program's CPU going idle

@@ -5,7 +5,7 @@
  * TANDEM_BENCH_QUICK=1: few repetitions, sizes up to 1 MiB.
  *   opencl_bench          enqueue cost, copy latency, bandwidth, idle read-back
  *   opencl_bench --idle   only the warm and idle read-backs (run again with keepalive off)
- *   opencl_bench --no-idle  everything but the idle read-backs (run_bench.sh's extra rounds)
+ *   opencl_bench --no-idle  everything but the idle read-backs
  *   opencl_bench --s2s    only device 0 -> device 1 copies in one context of both:
  *                         clEnqueueCopyBuffer on device 1's queue of a buffer last written
  *                         on device 0's, against a relay through the host (needs two

@@ -179,8 +179,8 @@ na_file() {
 }
 
 # median_rows NAME: NAME.txt becomes, row by row, the median of NAME.txt and its extra
-# rounds NAME.rN.txt (rows a round lacks, such as the idle read-backs, or has as n/a, count
-# without it). The first round is kept as NAME.r1.txt.
+# rounds NAME.rN.txt (rows a round lacks, or has as n/a, count without it). The first round
+# is kept as NAME.r1.txt.
 median_rows() {
   local name=$1
   compgen -G "$OUT/$name.r[0-9]*.txt" >/dev/null || return 0
@@ -207,9 +207,16 @@ with open(out, "w") as f:
 PY
 }
 
+# drop_round NAME RC: an extra round that failed counts for nothing (the median is of the
+# others); said in the log.
+drop_round() {
+  log "$1 failed ($(reason "$1" "$2")): left out of the medians"
+  rm -f "$OUT/$1.txt"
+}
+
 # bench API BACKEND PREFIX PROGRAM RUNFLAGS: every run of one benchmark program.
 bench() {
-  local api=$1 backend=$2 prefix=$3 prog=$4 flags=$5 rc s2s_rows list
+  local api=$1 backend=$2 prefix=$3 prog=$4 flags=$5 rc s2s_rows list r
   s2s_rows=("${prefix}_s2s_copy_$S2S_LABEL" "${prefix}_relay_copy_$S2S_LABEL")
   log "$api: native"
   run_native "$api-native" "$prog"; rc=$?
@@ -224,26 +231,24 @@ bench() {
       check "$OUT/$api-tandem.txt"
       # On a machine whose own costs drift from minute to minute, one native run against one
       # Tandem run a minute later says little: more rounds, alternating, and the median.
-      local r
       for ((r = 2; r <= ROUNDS; ++r)); do
         log "$api: round $r of $ROUNDS, natively and through Tandem"
-        run_native "$api-native.r$r" "$prog" || rm -f "$OUT/$api-native.r$r.txt"
-        run_tandem "$api-tandem.r$r" "$PROVIDER" "$list" "$flags" "$prog" || rm -f "$OUT/$api-tandem.r$r.txt"
+        run_native "$api-native.r$r" "$prog" || drop_round "$api-native.r$r" $?
+        run_tandem "$api-tandem.r$r" "$PROVIDER" "$list" "$flags" "$prog" || drop_round "$api-tandem.r$r" $?
       done
-      median_rows "$api-native"
-      median_rows "$api-tandem"
+      median_rows "$api-native" || fail "$api: the rounds' medians natively"
+      median_rows "$api-tandem" || fail "$api: the rounds' medians through Tandem"
       check "$OUT/$api-native.txt" && check "$OUT/$api-tandem.txt"
     fi
     log "$api: idle read-back through Tandem with keepalive off"
     TANDEM_KEEPALIVE_MS=0 run_tandem "$api-tandem-ka0" "$PROVIDER" "$list" "$flags" "$prog" --idle; rc=$?
     if ((rc)); then fail "$api with keepalive off: $(reason "$api-tandem-ka0" $rc)"
     else
-      local r
       for ((r = 2; r <= ROUNDS; ++r)); do
         TANDEM_KEEPALIVE_MS=0 run_tandem "$api-tandem-ka0.r$r" "$PROVIDER" "$list" "$flags" "$prog" --idle ||
-          rm -f "$OUT/$api-tandem-ka0.r$r.txt"
+          drop_round "$api-tandem-ka0.r$r" $?
       done
-      median_rows "$api-tandem-ka0"
+      median_rows "$api-tandem-ka0" || fail "$api: the rounds' medians with keepalive off"
       check "$OUT/$api-tandem-ka0.txt"
     fi
   else

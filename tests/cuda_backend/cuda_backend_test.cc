@@ -417,28 +417,38 @@ TEST_F(CudaBackendTest, BulkReadsStraightIntoPinnedStaging) {
   bulk_.staging.reset();
 }
 
-// Inline reads up to 64 KiB go through staging slot 0 and a copy; right after a bulk write
-// (whose last copies out of the slots may still be running) they must see its bytes, and
-// larger ones go straight into the reply.
-TEST_F(CudaBackendTest, InlineReadsThroughStagingAfterABulkWrite) {
+// Inline reads up to 64 KiB land in the device's pinned read buffer and are copied into the
+// reply; larger ones go straight into it. Each read, on the default stream or another, of
+// each size around the limit, must return its own bytes (the buffer is reused every time),
+// and a failed signal must not leave the read half done.
+TEST_F(CudaBackendTest, InlineReadsThroughThePinnedReadBuffer) {
   Reserve();
-  const size_t size = (10u << 20) + 123;
+  const size_t size = 1u << 20;
   ASSERT_OK(Alloc(1, kBase, size));
+  ASSERT_OK(b_->OnStreamCreate({5, 0, ir::kStreamNonBlocking, 0}, nullptr));
   std::vector<uint8_t> host(size);
   for (size_t i = 0; i < size; ++i) host[i] = static_cast<uint8_t>((i * 2654435761u) >> 11);
-  ir::BufferWriteReq w;
-  w.buffer = 1;
-  w.size = size;
-  w.remote = ir::Region{reinterpret_cast<uint64_t>(host.data()), size, 1};
-  for (size_t n : {size_t{8}, size_t{4096}, ir::kInlineDataLimit, ir::kInlineDataLimit + 1, size_t{4u << 20}}) {
-    ASSERT_OK(b_->OnBufferWrite(w, nullptr));
-    const uint64_t offset = 3 + n % 1000;
-    auto got = Read(1, offset, n);
-    ASSERT_OK(got.status());
-    ASSERT_EQ(got.value().size(), n);
-    EXPECT_TRUE(std::equal(got.value().begin(), got.value().end(), host.begin() + offset)) << n << " bytes";
-    for (auto& b : host) b ^= 0x5a;  // the next round writes other bytes
+  ASSERT_OK(Write(1, 0, ir::bytes(host.begin(), host.end())));
+  ASSERT_OK(Sync());
+  for (uint64_t stream : {uint64_t{0}, uint64_t{5}}) {
+    for (size_t n : {size_t{0}, size_t{8}, size_t{4096}, ir::kInlineDataLimit, ir::kInlineDataLimit + 1, size_t{300000}}) {
+      const uint64_t offset = 3 + n % 1000 + stream;
+      auto got = Read(1, offset, n, stream);
+      ASSERT_OK(got.status());
+      ASSERT_EQ(got.value().size(), n);
+      EXPECT_TRUE(std::equal(got.value().begin(), got.value().end(), host.begin() + offset))
+          << n << " bytes on stream " << stream;
+    }
   }
+  ir::BufferReadReq bad;
+  bad.buffer = 1;
+  bad.size = 16;
+  bad.signal = 77;  // never created: the read fails, and the buffer is free again after it
+  ir::BufferReadRep rep;
+  EXPECT_FALSE(b_->OnBufferRead(bad, &rep).ok());
+  auto again = Read(1, 100, 16);
+  ASSERT_OK(again.status());
+  EXPECT_TRUE(std::equal(again.value().begin(), again.value().end(), host.begin() + 100));
 }
 
 TEST_F(CudaBackendTest, ModuleFollowsPointerInDeviceMemory) {

@@ -145,6 +145,8 @@ void CudaBackend::ReleaseDevice(uint32_t device, bool keep_reservations) {
     e = nullptr;
   }
   d.staging = nullptr;
+  d.read_buffer = nullptr;
+  d.read_buffer_failed = false;
   d.flags = {};
   if (d.warm_stream) Forget("cuStreamDestroy", device, drv_->cuStreamDestroy(d.warm_stream));
   if (d.warm_module) Forget("cuModuleUnload", device, drv_->cuModuleUnload(d.warm_module));

@@ -97,6 +97,10 @@ class CudaBackend final : public Backend {
     Status sticky;             // a sticky error: every later command on the device reports it
     uint8_t* staging = nullptr;
     std::array<CUevent, kSlots> slot_done{};  // the last copy that used each staging slot
+    // Inline reads (up to ir::kInlineDataLimit) land here, then are copied into the reply:
+    // pinned, used only by the executor within one read; freed with the context.
+    uint8_t* read_buffer = nullptr;
+    bool read_buffer_failed = false;  // cuMemHostAlloc failed once: read into the reply
     UserFlagPages flags;
     // Keepalive (OnWarm): its own stream, an empty kernel and a small device scratch
     // (a module global), created on first use.
@@ -182,6 +186,7 @@ class CudaBackend final : public Backend {
   Status Granularity(uint32_t device, uint64_t* granularity);
 
   // cuda_transfer.cc: pinned staging.
+  uint8_t* ReadBuffer(uint32_t device);
   Status Staging(uint32_t device, uint8_t** slots);
   Status WriteFromClient(const Queue& q, CUdeviceptr dst, const ir::BufferWriteReq& req);
   Status ReadToClient(const Queue& q, CUdeviceptr src, const ir::BufferReadReq& req);

@@ -77,6 +77,7 @@ const char* ClErrorName(cl_int err);
 class ReadSlots : public std::enable_shared_from_this<ReadSlots> {
  public:
   static constexpr size_t kSlotBytes = 64u << 10;
+  static_assert(kSlotBytes >= ir::kInlineDataLimit, "a read a client sends inline fits a slot");
   static constexpr uint32_t kSlots = 16;
   static Result<std::shared_ptr<ReadSlots>> Make(cl_context context, cl_device_id device);
   ReadSlots(QueueRef queue, MemRef mem, uint8_t* base);
@@ -84,6 +85,7 @@ class ReadSlots : public std::enable_shared_from_this<ReadSlots> {
   // A free slot of kSlotBytes, or null when every slot is in use (the caller reads into
   // pageable memory then). Thread-safe.
   std::shared_ptr<uint8_t> Take();
+  uint32_t available();  // free slots now
 
  private:
   QueueRef queue_;
