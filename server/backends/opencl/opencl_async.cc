@@ -33,17 +33,16 @@ class PlainHostBuffer final : public HostBuffer {
   size_t size_;
 };
 
-// The bulk channel's staging (BulkStaging): a buffer allocated by the implementation in
-// host memory it can reach by DMA (CL_MEM_ALLOC_HOST_PTR: pinned on NVIDIA's), kept mapped
-// for its whole life, with a queue of its own for the map and the unmap.
+// Host memory the implementation can reach by DMA (CL_MEM_ALLOC_HOST_PTR: pinned on NVIDIA's),
+// kept mapped for its whole life, with a queue of its own for the map and the unmap.
 class MappedHostBuffer final : public HostBuffer {
  public:
-  MappedHostBuffer(QueueRef queue, MemRef mem, uint8_t* p, size_t n)
-      : queue_(std::move(queue)), mem_(std::move(mem)), p_(p), size_(n) {}
+  MappedHostBuffer(QueueRef queue, MemRef mem, uint8_t* p, size_t n, std::string what)
+      : queue_(std::move(queue)), mem_(std::move(mem)), p_(p), size_(n), what_(std::move(what)) {}
   ~MappedHostBuffer() override {
     cl_int err = clEnqueueUnmapMemObject(queue_.get(), mem_.get(), p_, 0, nullptr, nullptr);
     if (err == CL_SUCCESS) err = clFinish(queue_.get());
-    if (err != CL_SUCCESS) log::Warn("bulk staging: unmapping it failed ({})", ClErrorName(err));
+    if (err != CL_SUCCESS) log::Warn("{}: unmapping it failed ({})", what_, ClErrorName(err));
   }
   uint8_t* data() override { return p_; }
   size_t size() const override { return size_; }
@@ -53,6 +52,7 @@ class MappedHostBuffer final : public HostBuffer {
   MemRef mem_;
   uint8_t* p_;
   size_t size_;
+  std::string what_;
 };
 
 // A status for a user event that must fail: negative, as OpenCL requires.
@@ -173,19 +173,24 @@ void EventWatcher::RunLoop() {
   }
 }
 
-Result<std::shared_ptr<HostBuffer>> OpenCLBackend::BulkStaging(size_t n) {
-  if (devices_.empty()) return Status(Code::kUnimplemented, "no device");
-  Device& d = devices_[0];
+Result<std::shared_ptr<HostBuffer>> MappedHostMemory(cl_context context, cl_device_id device, size_t n,
+                                                     std::string_view what) {
   cl_int err = CL_SUCCESS;
-  QueueRef queue(clCreateCommandQueueWithProperties(d.context.get(), d.id, nullptr, &err));
-  if (err != CL_SUCCESS) return ClError(err, "clCreateCommandQueueWithProperties", "bulk staging");
-  MemRef mem(clCreateBuffer(d.context.get(), CL_MEM_READ_WRITE | CL_MEM_ALLOC_HOST_PTR, n, nullptr, &err));
-  if (err != CL_SUCCESS) return ClError(err, "clCreateBuffer", "bulk staging");
+  QueueRef queue(clCreateCommandQueueWithProperties(context, device, nullptr, &err));
+  if (err != CL_SUCCESS) return ClError(err, "clCreateCommandQueueWithProperties", what);
+  MemRef mem(clCreateBuffer(context, CL_MEM_READ_WRITE | CL_MEM_ALLOC_HOST_PTR, n, nullptr, &err));
+  if (err != CL_SUCCESS) return ClError(err, "clCreateBuffer", what);
   void* p = clEnqueueMapBuffer(queue.get(), mem.get(), CL_TRUE, CL_MAP_READ | CL_MAP_WRITE, 0, n, 0, nullptr, nullptr,
                                &err);
-  if (err != CL_SUCCESS) return ClError(err, "clEnqueueMapBuffer", "bulk staging");
-  return std::shared_ptr<HostBuffer>(
-      std::make_shared<MappedHostBuffer>(std::move(queue), std::move(mem), static_cast<uint8_t*>(p), n));
+  if (err != CL_SUCCESS) return ClError(err, "clEnqueueMapBuffer", what);
+  return std::shared_ptr<HostBuffer>(std::make_shared<MappedHostBuffer>(std::move(queue), std::move(mem),
+                                                                        static_cast<uint8_t*>(p), n, std::string(what)));
+}
+
+// The bulk channel's staging: mapped memory of device 0.
+Result<std::shared_ptr<HostBuffer>> OpenCLBackend::BulkStaging(size_t n) {
+  if (devices_.empty()) return Status(Code::kUnimplemented, "no device");
+  return MappedHostMemory(devices_[0].context.get(), devices_[0].id, n, "bulk staging");
 }
 
 Result<cl_command_queue> OpenCLBackend::TransferQueue(uint32_t device) {

@@ -69,6 +69,11 @@ Result<std::unique_ptr<Backend>> Open(const BackendOptions& options);
 Status ClError(cl_int err, std::string_view call, std::string_view detail = {});
 const char* ClErrorName(cl_int err);
 
+// `n` bytes of CL_MEM_ALLOC_HOST_PTR memory of `context`, mapped until the buffer goes (the
+// bulk channel's staging, the read slots). `what` names it in errors.
+Result<std::shared_ptr<HostBuffer>> MappedHostMemory(cl_context context, cl_device_id device, size_t n,
+                                                     std::string_view what);
+
 // Mapped CL_MEM_ALLOC_HOST_PTR memory that small inline reads land in. NVIDIA's OpenCL
 // takes a slower path for a non-blocking read into pageable memory: 17-51 us for 8 bytes on
 // an H100, against 7-9 us into mapped memory or for a blocking read (two machines,
@@ -80,17 +85,14 @@ class ReadSlots : public std::enable_shared_from_this<ReadSlots> {
   static_assert(kSlotBytes >= ir::kInlineDataLimit, "a read a client sends inline fits a slot");
   static constexpr uint32_t kSlots = 16;
   static Result<std::shared_ptr<ReadSlots>> Make(cl_context context, cl_device_id device);
-  ReadSlots(QueueRef queue, MemRef mem, uint8_t* base);
-  ~ReadSlots();
+  explicit ReadSlots(std::shared_ptr<HostBuffer> memory);
   // A free slot of kSlotBytes, or null when every slot is in use (the caller reads into
   // pageable memory then). Thread-safe.
   std::shared_ptr<uint8_t> Take();
   uint32_t available();  // free slots now
 
  private:
-  QueueRef queue_;
-  MemRef mem_;
-  uint8_t* base_;
+  std::shared_ptr<HostBuffer> memory_;
   std::mutex mu_;
   std::vector<uint32_t> free_;
 };
@@ -257,6 +259,7 @@ class OpenCLBackend : public Backend {
   // ---- enqueues (opencl_backend.cc) ----
   Result<cl_command_queue> DefaultQueue(uint32_t device);
   Result<cl_command_queue> TransferQueue(uint32_t device);
+
   // The start of an asynchronous transfer's destination half (opencl_async.cc).
   struct Staged {
     Buffer* buffer = nullptr;

@@ -173,27 +173,13 @@ std::shared_ptr<uint8_t> OpenCLBackend::ReadSlot(uint32_t device) {
 }
 
 Result<std::shared_ptr<ReadSlots>> ReadSlots::Make(cl_context context, cl_device_id device) {
-  cl_int err = CL_SUCCESS;
-  QueueRef queue(clCreateCommandQueueWithProperties(context, device, nullptr, &err));
-  if (err != CL_SUCCESS) return ClError(err, "clCreateCommandQueueWithProperties", "read slots");
-  const size_t n = kSlotBytes * kSlots;
-  MemRef mem(clCreateBuffer(context, CL_MEM_READ_WRITE | CL_MEM_ALLOC_HOST_PTR, n, nullptr, &err));
-  if (err != CL_SUCCESS) return ClError(err, "clCreateBuffer", "read slots");
-  void* p = clEnqueueMapBuffer(queue.get(), mem.get(), CL_TRUE, CL_MAP_READ | CL_MAP_WRITE, 0, n, 0, nullptr, nullptr,
-                               &err);
-  if (err != CL_SUCCESS) return ClError(err, "clEnqueueMapBuffer", "read slots");
-  return std::make_shared<ReadSlots>(std::move(queue), std::move(mem), static_cast<uint8_t*>(p));
+  auto memory = MappedHostMemory(context, device, kSlotBytes * kSlots, "read slots");
+  if (!memory.ok()) return memory.status();
+  return std::make_shared<ReadSlots>(std::move(memory.value()));
 }
 
-ReadSlots::ReadSlots(QueueRef queue, MemRef mem, uint8_t* base)
-    : queue_(std::move(queue)), mem_(std::move(mem)), base_(base) {
+ReadSlots::ReadSlots(std::shared_ptr<HostBuffer> memory) : memory_(std::move(memory)) {
   for (uint32_t i = kSlots; i-- > 0;) free_.push_back(i);
-}
-
-ReadSlots::~ReadSlots() {
-  cl_int err = clEnqueueUnmapMemObject(queue_.get(), mem_.get(), base_, 0, nullptr, nullptr);
-  if (err == CL_SUCCESS) err = clFinish(queue_.get());
-  if (err != CL_SUCCESS) log::Warn("read slots: unmapping them failed ({})", ClErrorName(err));
 }
 
 uint32_t ReadSlots::available() {
@@ -207,7 +193,7 @@ std::shared_ptr<uint8_t> ReadSlots::Take() {
   const uint32_t i = free_.back();
   free_.pop_back();
   // The slot holds the pool: a read still in flight at teardown keeps its memory mapped.
-  return std::shared_ptr<uint8_t>(base_ + size_t{i} * kSlotBytes, [self = shared_from_this(), i](uint8_t*) {
+  return std::shared_ptr<uint8_t>(memory_->data() + size_t{i} * kSlotBytes, [self = shared_from_this(), i](uint8_t*) {
     std::lock_guard<std::mutex> l(self->mu_);
     self->free_.push_back(i);
   });
