@@ -4,6 +4,7 @@
 // copy engine reads or writes when the stream gets there, not when the copy is enqueued.
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -13,13 +14,26 @@
 
 namespace tandem::server::cuda {
 
-// Pinned buffers are kept for reuse, by size class (powers of two from 64 KiB), and freed
-// only when the backend goes: a buffer's last owner may be a driver callback, which must not
-// call CUDA.
+// Pinned host memory: the backend's own pages (aligned_alloc), registered with the driver
+// (cuMemHostRegister, portable) under the context of the device that first needed them, and
+// kept for reuse by size class (powers of two from 64 KiB). The pages never belong to a
+// context: a device reset, which ends the context, only unpins them (ReleaseDevice unregisters
+// them first; Pinned and the reset pin them again), so memory held across it (the bulk
+// channel's staging, for the whole session) stays valid. Nothing is freed through the driver,
+// which would wait for the device: the pages go with the pool, once the backend and every
+// buffer handed out are gone (a buffer's last owner may be a driver callback, which must not
+// call CUDA).
 struct CudaBackend::PinnedPool {
+  struct Block {
+    size_t capacity = 0;
+    int device = -1;  // whose context pinned it; -1: not pinned now
+  };
   std::mutex mu;
   std::multimap<size_t, uint8_t*> free;
-  std::vector<std::pair<uint8_t*, size_t>> all;  // every buffer and its capacity
+  std::map<uint8_t*, Block> all;  // every block, by address
+  ~PinnedPool() {
+    for (auto& [p, block] : all) std::free(p);
+  }
 };
 
 namespace {
@@ -58,49 +72,90 @@ Result<std::shared_ptr<HostBuffer>> CudaBackend::Pinned(uint32_t device, size_t 
   if (!pinned_) pinned_ = std::make_shared<PinnedPool>();
   const size_t capacity = SizeClass(n);
   uint8_t* p = nullptr;
+  bool pinned = false;
   {
     std::lock_guard<std::mutex> lock(pinned_->mu);
     if (auto it = pinned_->free.find(capacity); it != pinned_->free.end()) {
       p = it->second;
       pinned_->free.erase(it);
+      pinned = pinned_->all[p].device >= 0;
     }
   }
   if (!p) {
-    void* mem = nullptr;
-    TANDEM_RETURN_IF_ERROR(
-        Check(device, drv_->cuMemHostAlloc(&mem, capacity, CU_MEMHOSTALLOC_PORTABLE), "cuMemHostAlloc (peer staging)"));
-    p = static_cast<uint8_t*>(mem);
+    p = static_cast<uint8_t*>(std::aligned_alloc(4096, capacity));
+    if (!p) return Status(Code::kOutOfMemory, fmt::format("no host memory for {} bytes of pinned staging", capacity));
     std::lock_guard<std::mutex> lock(pinned_->mu);
-    pinned_->all.emplace_back(p, capacity);
+    pinned_->all[p] = PinnedPool::Block{capacity, -1};
+  }
+  if (!pinned) {
+    Status st = Pin(device, p, capacity);
+    std::lock_guard<std::mutex> lock(pinned_->mu);
+    if (!st.ok()) {
+      pinned_->free.emplace(capacity, p);
+      return st;
+    }
+    pinned_->all[p].device = static_cast<int>(device);
   }
   return std::shared_ptr<HostBuffer>(std::make_shared<PinnedBuffer>(pinned_, p, capacity, n));
+}
+
+// Registers the block under the device's context, leaving current whatever context was.
+Status CudaBackend::Pin(uint32_t device, uint8_t* p, size_t n) {
+  CUcontext before = nullptr;
+  TANDEM_RETURN_IF_ERROR(drv_->Check(drv_->cuCtxGetCurrent(&before), "cuCtxGetCurrent"));
+  TANDEM_RETURN_IF_ERROR(Enter(device));
+  Status st = Check(device, drv_->cuMemHostRegister(p, n, CU_MEMHOSTREGISTER_PORTABLE), "cuMemHostRegister");
+  if (before != devices_[device].ctx) {
+    Status back = drv_->Check(drv_->cuCtxSetCurrent(before), "cuCtxSetCurrent");
+    if (st.ok()) st = back;
+  }
+  return st;
+}
+
+// Before the device's context goes (teardown, reset): the blocks it pinned are unregistered,
+// in use or not, and stay this process's memory. Returns them; the device's context is current.
+std::vector<std::pair<uint8_t*, size_t>> CudaBackend::Unpin(uint32_t device) {
+  std::vector<std::pair<uint8_t*, size_t>> unpinned;
+  if (!pinned_) return unpinned;
+  {
+    std::lock_guard<std::mutex> lock(pinned_->mu);
+    for (auto& [p, block] : pinned_->all) {
+      if (block.device != static_cast<int>(device)) continue;
+      block.device = -1;
+      unpinned.emplace_back(p, block.capacity);
+    }
+  }
+  // Outside the lock: a buffer going back to the pool from a driver callback takes it.
+  for (auto [p, capacity] : unpinned) Forget("cuMemHostUnregister", device, drv_->cuMemHostUnregister(p));
+  return unpinned;
+}
+
+// After a reset, the blocks the device had pinned are pinned again under its new context, so
+// memory held across the reset (the bulk staging) is as fast as before. A failure leaves the
+// block unpinned: it still works, through the staging slots.
+void CudaBackend::Repin(uint32_t device, const std::vector<std::pair<uint8_t*, size_t>>& blocks) {
+  for (auto [p, capacity] : blocks) {
+    Status st = Check(device, drv_->cuMemHostRegister(p, capacity, CU_MEMHOSTREGISTER_PORTABLE), "cuMemHostRegister");
+    std::lock_guard<std::mutex> lock(pinned_->mu);
+    if (st.ok()) pinned_->all[p].device = static_cast<int>(device);
+    else log::Debug("device {}: pinning {} bytes again after the reset: {}", device, capacity, st.message());
+  }
 }
 
 bool CudaBackend::IsPinned(const void* p, size_t n) const {
   if (!pinned_) return false;
   const auto* b = static_cast<const uint8_t*>(p);
   std::lock_guard<std::mutex> lock(pinned_->mu);
-  for (auto [base, capacity] : pinned_->all)
-    if (b >= base && n <= capacity && static_cast<size_t>(b - base) <= capacity - n) return true;
-  return false;
+  auto it = pinned_->all.upper_bound(const_cast<uint8_t*>(b));
+  if (it == pinned_->all.begin()) return false;
+  --it;
+  const auto& [base, block] = *it;
+  return block.device >= 0 && n <= block.capacity && static_cast<size_t>(b - base) <= block.capacity - n;
 }
 
 Result<std::shared_ptr<HostBuffer>> CudaBackend::BulkStaging(size_t n) {
   if (devices_.empty()) return Status(Code::kUnimplemented, "no device");
   return Pinned(0, n);
-}
-
-void CudaBackend::FreePinned() {
-  if (!pinned_) return;
-  std::lock_guard<std::mutex> lock(pinned_->mu);
-  if (pinned_->free.size() != pinned_->all.size()) {
-    log::Debug("{} peer staging buffers still in use at teardown: left to the process's exit",
-               pinned_->all.size() - pinned_->free.size());
-    return;
-  }
-  for (auto [p, capacity] : pinned_->all) Forget("cuMemFreeHost", 0, drv_->cuMemFreeHost(p));
-  pinned_->all.clear();
-  pinned_->free.clear();
 }
 
 // The device's notify stream waits for `event` (as cudaStreamWaitEvent would) or, with no

@@ -62,8 +62,9 @@ CudaBackend::CudaBackend(const Driver* driver, std::vector<CUdevice> devices, st
   for (CUdevice d : devices) devices_.push_back(Device{.dev = d});
 }
 
+// Nothing here waits for the device: a stream may be held for good by a user event the
+// program never set (ReleaseDevice sets them, but only its own calls come after that).
 CudaBackend::~CudaBackend() {
-  if (!devices_.empty() && devices_[0].ctx && Enter(0).ok()) FreePinned();
   for (uint32_t i = 0; i < devices_.size(); ++i) ReleaseDevice(i, false);
 }
 
@@ -106,11 +107,11 @@ void CudaBackend::Forget(const char* what, uint32_t device, CUresult r) {
 
 // Frees every resource of the session on the device, then lets go of its context. Errors
 // are expected here after a sticky failure and only logged: the context goes away anyway.
-// Pinned host memory (staging, user-event words) is freed with the context itself, since a
-// stream may still be reading it.
-void CudaBackend::ReleaseDevice(uint32_t device, bool keep_reservations) {
+// The user-event words are freed with the context itself, since a stream may still be
+// reading them; the pinned pool's blocks are only unpinned (they are the process's memory).
+std::vector<std::pair<uint8_t*, size_t>> CudaBackend::ReleaseDevice(uint32_t device, bool keep_reservations) {
   Device& d = devices_[device];
-  if (!d.ctx) return;
+  if (!d.ctx) return {};
   Forget("cuCtxSetCurrent", device, drv_->cuCtxSetCurrent(d.ctx));
   ReleaseUserFlags(device);
   {
@@ -144,8 +145,8 @@ void CudaBackend::ReleaseDevice(uint32_t device, bool keep_reservations) {
     if (e) Forget("cuEventDestroy", device, drv_->cuEventDestroy(e));
     e = nullptr;
   }
-  d.staging = nullptr;
-  d.read_buffer = nullptr;
+  d.staging.reset();
+  d.read_buffer.reset();
   d.read_buffer_failed = false;
   d.flags = {};
   if (d.warm_stream) Forget("cuStreamDestroy", device, drv_->cuStreamDestroy(d.warm_stream));
@@ -165,8 +166,10 @@ void CudaBackend::ReleaseDevice(uint32_t device, bool keep_reservations) {
     Forget("cuMemAddressFree", device, drv_->cuMemAddressFree(it->first, it->second.size));
     it = reservations_.erase(it);
   }
+  auto unpinned = Unpin(device);
   Forget("cuDevicePrimaryCtxRelease", device, drv_->cuDevicePrimaryCtxRelease(d.dev));
   d.ctx = nullptr;
+  return unpinned;
 }
 
 // ---- device commands -----------------------------------------------------------------------
@@ -234,11 +237,12 @@ Status CudaBackend::OnDeviceReset(const ir::DeviceResetReq& req, ir::DeviceReset
     ranges_.erase(b.second.address);
     return true;
   });
-  ReleaseDevice(device, true);
+  const auto unpinned = ReleaseDevice(device, true);
   Device& d = devices_[device];
   TANDEM_RETURN_IF_ERROR(drv_->Check(drv_->cuDevicePrimaryCtxReset(d.dev), "cuDevicePrimaryCtxReset"));
   d.sticky = Status::Ok();
   TANDEM_RETURN_IF_ERROR(Enter(device));
+  Repin(device, unpinned);
   for (const Allocation& a : allocations) {
     Status st = FreeAllocation(a);
     if (!st.ok()) log::Debug("device {}: freeing the allocation at 0x{:x} after reset: {}", device, a.address, st.message());

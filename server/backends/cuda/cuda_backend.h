@@ -95,12 +95,12 @@ class CudaBackend final : public Backend {
     CUcontext ctx = nullptr;   // the primary context, retained on first use
     uint64_t granularity = 0;  // VMM allocation granularity (minimum)
     Status sticky;             // a sticky error: every later command on the device reports it
-    uint8_t* staging = nullptr;
+    std::shared_ptr<HostBuffer> staging;  // from the pinned pool, like the two below
     std::array<CUevent, kSlots> slot_done{};  // the last copy that used each staging slot
     // Inline reads (up to ir::kInlineDataLimit) land here, then are copied into the reply:
-    // pinned, used only by the executor within one read; freed with the context.
-    uint8_t* read_buffer = nullptr;
-    bool read_buffer_failed = false;  // cuMemHostAlloc failed once: read into the reply
+    // used only by the executor within one read.
+    std::shared_ptr<HostBuffer> read_buffer;
+    bool read_buffer_failed = false;  // pinning failed once: read into the reply
     UserFlagPages flags;
     // Keepalive (OnWarm): its own stream, an empty kernel and a small device scratch
     // (a module global), created on first use.
@@ -174,8 +174,9 @@ class CudaBackend final : public Backend {
   // Driver result of a call on `device`: a sticky error is remembered for the device.
   Status Check(uint32_t device, CUresult r, std::string_view call);
   // Frees the session's resources on the device and releases its context; reservations too
-  // unless `keep_reservations` (DeviceReset keeps the client's address ranges).
-  void ReleaseDevice(uint32_t device, bool keep_reservations);
+  // unless `keep_reservations` (DeviceReset keeps the client's address ranges). Returns the
+  // pinned blocks it unpinned (see Unpin).
+  std::vector<std::pair<uint8_t*, size_t>> ReleaseDevice(uint32_t device, bool keep_reservations);
   void Forget(const char* what, uint32_t device, CUresult r);
 
   // cuda_memory.cc
@@ -214,10 +215,13 @@ class CudaBackend final : public Backend {
   };
   Result<PeerStart> StartPeer(uint64_t stream, uint64_t buffer, uint64_t offset, uint64_t size, const ir::u64s& wait,
                               const char* what);
+  // Host memory of at least n bytes from the pinned pool, pinned under the device's context.
   Result<std::shared_ptr<HostBuffer>> Pinned(uint32_t device, size_t n);
-  // Whether [p, p + n) lies in one buffer of the pinned pool.
+  Status Pin(uint32_t device, uint8_t* p, size_t n);
+  std::vector<std::pair<uint8_t*, size_t>> Unpin(uint32_t device);
+  void Repin(uint32_t device, const std::vector<std::pair<uint8_t*, size_t>>& blocks);
+  // Whether [p, p + n) lies in one pinned buffer of the pool.
   bool IsPinned(const void* p, size_t n) const;
-  void FreePinned();
 
   const Driver* drv_;
   std::vector<Device> devices_;

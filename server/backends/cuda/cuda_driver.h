@@ -25,11 +25,12 @@ namespace tandem::server::cuda {
   R(cuDeviceGetCount, 2000) R(cuDeviceGet, 2000) R(cuDeviceGetName, 2000) R(cuDeviceGetAttribute, 2000)    \
   R(cuDeviceTotalMem, 3020) R(cuDeviceGetUuid, 11040) R(cuDevicePrimaryCtxRetain, 7000)                    \
   R(cuDevicePrimaryCtxRelease, 11000) R(cuDevicePrimaryCtxReset, 11000)                                    \
-  R(cuCtxSetCurrent, 4000) R(cuCtxSynchronize, 2000)                                                       \
+  R(cuCtxSetCurrent, 4000) R(cuCtxGetCurrent, 4000) R(cuCtxSynchronize, 2000)                                                       \
   R(cuMemGetInfo, 3020) R(cuMemGetAllocationGranularity, 10020) R(cuMemAddressReserve, 10020)             \
   R(cuMemAddressFree, 10020) R(cuMemCreate, 10020) R(cuMemRelease, 10020) R(cuMemMap, 10020)               \
   R(cuMemUnmap, 10020) R(cuMemSetAccess, 10020)                                                            \
-  R(cuMemHostAlloc, 2020) R(cuMemFreeHost, 2000) R(cuMemHostGetDevicePointer, 3020)                        \
+  R(cuMemHostAlloc, 2020) R(cuMemHostRegister, 6050) R(cuMemHostUnregister, 4000)                        \
+  R(cuMemHostGetDevicePointer, 3020)                        \
   R(cuMemcpyHtoDAsync, 3020) R(cuMemcpyDtoHAsync, 3020) R(cuMemcpyDtoDAsync, 3020)                         \
   R(cuMemcpyPeerAsync, 4000) R(cuMemcpy3DPeerAsync, 4000)                                                  \
   R(cuMemsetD8Async, 3020) R(cuMemsetD16Async, 3020) R(cuMemsetD32Async, 3020)                             \

@@ -13,20 +13,19 @@ namespace tandem::server::cuda {
 Status CudaBackend::Staging(uint32_t device, uint8_t** slots) {
   Device& d = devices_[device];
   if (!d.staging) {
-    void* p = nullptr;
-    TANDEM_RETURN_IF_ERROR(
-        Check(device, drv_->cuMemHostAlloc(&p, kSlots * kChunk, CU_MEMHOSTALLOC_PORTABLE), "cuMemHostAlloc"));
     for (CUevent& e : d.slot_done) {
+      if (e) continue;
       Status st = Check(device, drv_->cuEventCreate(&e, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
       if (!st.ok()) {
         e = nullptr;
-        Forget("cuMemFreeHost", device, drv_->cuMemFreeHost(p));
         return st;
       }
     }
-    d.staging = static_cast<uint8_t*>(p);
+    auto pinned = Pinned(device, kSlots * kChunk);
+    if (!pinned.ok()) return pinned.status();
+    d.staging = std::move(pinned).value();
   }
-  *slots = d.staging;
+  *slots = d.staging->data();
   return Status::Ok();
 }
 
@@ -118,21 +117,21 @@ Status CudaBackend::OnBufferRead(const ir::BufferReadReq& req, ir::BufferReadRep
   return Status::Ok();
 }
 
-// The device's pinned read buffer, made on first use; null (warned once) if it cannot be.
+// The device's pinned read buffer, taken from the pool on first use; null (warned once) if it
+// cannot be pinned.
 uint8_t* CudaBackend::ReadBuffer(uint32_t device) {
   Device& d = devices_[device];
   if (!d.read_buffer && !d.read_buffer_failed) {
-    void* p = nullptr;
-    Status st = Check(device, drv_->cuMemHostAlloc(&p, ir::kInlineDataLimit, CU_MEMHOSTALLOC_PORTABLE), "cuMemHostAlloc");
-    if (st.ok()) {
-      d.read_buffer = static_cast<uint8_t*>(p);
+    auto pinned = Pinned(device, ir::kInlineDataLimit);
+    if (pinned.ok()) {
+      d.read_buffer = std::move(pinned).value();
     } else {
       d.read_buffer_failed = true;
       log::Warn("device {}: no pinned memory for small reads ({}); they read into pageable memory", device,
-                st.ToString());
+                pinned.status().ToString());
     }
   }
-  return d.read_buffer;
+  return d.read_buffer ? d.read_buffer->data() : nullptr;
 }
 
 // Staging slot s holds chunk-sized unit u of the source when slot_unit[s] == u. The unit a
