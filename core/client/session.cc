@@ -27,14 +27,6 @@ long EnvMillis(const char* name, long fallback) {
   return (end && *end == 0 && ms >= 0) ? ms : fallback;
 }
 
-// An asynchronous command waits at most this long for companions before it is sent.
-// TANDEM_EXP_FLUSH_US (an experiment's knob, not a setting; a count like the others, here
-// of microseconds) overrides it.
-Clock::duration FlushDelay() {
-  static const Clock::duration t = std::chrono::microseconds(EnvMillis("TANDEM_EXP_FLUSH_US", 100));
-  return t;
-}
-
 // Unacknowledged request bytes past which an idle link is pinged for an Ack.
 constexpr size_t kUnackedSoft = 16u << 20;
 
@@ -52,6 +44,14 @@ const TestCut& TestCutFromEnv() {
 }
 
 }  // namespace
+
+// An asynchronous command waits at most this long for companions before it is sent.
+// TANDEM_EXP_FLUSH_US (an experiment's knob, not a setting; a count like the others, here
+// of microseconds) overrides it.
+Clock::duration FlushDelay() {
+  static const Clock::duration t = std::chrono::microseconds(EnvMillis("TANDEM_EXP_FLUSH_US", 100));
+  return t;
+}
 
 // Fractions of a millisecond are allowed (e.g. 0.5); 0 turns keepalive off.
 Clock::duration KeepaliveInterval() {

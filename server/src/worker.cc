@@ -267,19 +267,14 @@ class ClientBulk : public BulkIO {
 const int kDefaultSpinUs = fabric::Options{}.spin_us;
 std::atomic<int> g_spin_us{kDefaultSpinUs};
 
-// Yields until `ready()` or the spin window has passed (then the caller waits normally).
-template <class Ready>
-void SpinFor(std::mutex& mu, Ready ready) {
+// Yields until `ready` is set or the spin window has passed (then the caller waits normally).
+// The flag is read without the queue's lock, which the thread handing work over would
+// otherwise find taken (1.5-2.2 us from the receive thread to the executor, H100).
+void SpinFor(const std::atomic<bool>& ready) {
   const int us = g_spin_us.load(std::memory_order_relaxed);
   if (us <= 0) return;
   const auto until = Clock::now() + std::chrono::microseconds(us);
-  while (Clock::now() < until) {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      if (ready()) return;
-    }
-    std::this_thread::yield();
-  }
+  while (!ready.load(std::memory_order_acquire) && Clock::now() < until) std::this_thread::yield();
 }
 
 // Runs deferred replies (a read back or synchronize that waits on the device) one after
@@ -294,6 +289,7 @@ class Waiter {
   void Push(std::vector<LateReply> late) {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& l : late) queue_.push_back(std::move(l));
+    ready_.store(true, std::memory_order_release);
     cv_.notify_one();
   }
 
@@ -301,12 +297,13 @@ class Waiter {
   void Loop() {
     for (;;) {
       LateReply next;
-      SpinFor(mu_, [this] { return !queue_.empty(); });
+      SpinFor(ready_);
       {
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait(lock, [this] { return !queue_.empty(); });
         next = std::move(queue_.front());
         queue_.pop_front();
+        ready_.store(!queue_.empty(), std::memory_order_relaxed);
       }
       link_->Send(next());
     }
@@ -316,6 +313,7 @@ class Waiter {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<LateReply> queue_;
+  std::atomic<bool> ready_{false};  // queue_ is not empty (written under mu_)
 };
 
 // The executor: a queue of request batches run one at a time, in arrival order.
@@ -335,6 +333,7 @@ class Executor {
   void Push(std::vector<uint8_t> msg) {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.push_back(std::move(msg));
+    ready_.store(true, std::memory_order_release);
     cv_.notify_one();
   }
   bool goodbye() const { return goodbye_.load(); }
@@ -342,6 +341,7 @@ class Executor {
     {
       std::lock_guard<std::mutex> lock(mu_);
       stop_ = true;
+      ready_.store(true, std::memory_order_release);
       cv_.notify_one();
     }
     if (thread_.joinable()) thread_.join();
@@ -351,13 +351,14 @@ class Executor {
   void Loop() {
     for (;;) {
       std::vector<uint8_t> msg;
-      SpinFor(mu_, [this] { return stop_ || !queue_.empty(); });
+      SpinFor(ready_);
       {
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
         if (queue_.empty()) return;
         msg = std::move(queue_.front());
         queue_.pop_front();
+        ready_.store(stop_ || !queue_.empty(), std::memory_order_relaxed);
       }
       BatchOutcome out = session_->HandleBatch(msg);
       const uint64_t run = session_->commands_run();
@@ -388,6 +389,7 @@ class Executor {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::vector<uint8_t>> queue_;
+  std::atomic<bool> ready_{false};  // stop_ or queue_ not empty (written under mu_)
   Waiter waiter_;
   bool stop_ = false;
   std::atomic<bool> goodbye_{false};
