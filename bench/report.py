@@ -18,9 +18,11 @@ trip; GB/s: the RMA bandwidth of that direction over Tandem's), and keepalive ro
 each idle read-back by the warm one (target <= 1.3 with keepalive on). Nothing is asserted.
 """
 import argparse
+import glob
 import json
 import os
 import re
+import statistics
 import sys
 
 ap = argparse.ArgumentParser()
@@ -126,12 +128,29 @@ def rnd(v, digits=3):
 
 # ---- the raw fabric, per provider ----
 def fabric(path):
+    """The pingpong's figures: each the median over its rounds (path, then path's .rN files)."""
     res = {"provider": None, "note": None, "raw": [], "values": {}}
     if not os.path.exists(path):
         res["note"] = "not run"
         return res
-    with open(path) as f:
-        res["raw"] = [l.rstrip("\n") for l in f if l.strip()]
+    rounds = [path] + sorted(glob.glob(path[:-len(".txt")] + ".r[0-9]*.txt"))
+    samples = {}
+    for p in rounds:
+        with open(p) as f:
+            raw = [l.rstrip("\n") for l in f if l.strip()]
+        res["raw"] += raw if p == path else ["round %s: %s" % (p.rsplit(".", 2)[-2], l) for l in raw]
+        one = fabric_values(raw, res)
+        for name, v in one.items():
+            samples.setdefault(name, ([], v[1]))[0].append(v[0])
+    res["values"] = {name: (statistics.median(vals), unit) for name, (vals, unit) in samples.items()}
+    if not res["values"] and not res["note"]:
+        res["note"] = "no output"
+    return res
+
+
+def fabric_values(raw, res):
+    """One pingpong run's figures; its provider and any n/a note go into res."""
+    values = {}
     pats = [
         (r"^provider (\S+)", None, None),
         (r"^8 B round trip: p50 ([0-9.]+) us, p90 ([0-9.]+) us", ("rtt_8B_p50", "rtt_8B_p90"), "us"),
@@ -139,7 +158,7 @@ def fabric(path):
         (r"^RMA read 64 MiB:.*?([0-9.]+) GB/s", ("rma_read_64MiB",), "GB/s"),
         (r"^RMA write 64 MiB:.*?([0-9.]+) GB/s", ("rma_write_64MiB",), "GB/s"),
     ]
-    for line in res["raw"]:
+    for line in raw:
         if line.startswith("n/a"):
             res["note"] = unparen(line[3:])
         for pat, names, unit in pats:
@@ -150,10 +169,8 @@ def fabric(path):
                 res["provider"] = m.group(1)
             else:
                 for i, n in enumerate(names):
-                    res["values"][n] = (float(m.group(i + 1)), unit)
-    if not res["values"] and not res["note"]:
-        res["note"] = "no output"
-    return res
+                    values[n] = (float(m.group(i + 1)), unit)
+    return values
 
 
 fab = {"tandem": fabric(os.path.join(OUT, "fabric-tandem.txt"))}

@@ -26,7 +26,8 @@
 #                               full runs, off in quick runs; n/a when shm does not work
 #   TANDEM_BENCH_ROUNDS=N       native and Tandem (tcp) runs of each program, alternating;
 #                               each row is their median (default 3; 1 in quick runs), the
-#                               idle read-backs with keepalive off too; the shm column is one run
+#                               idle read-backs with keepalive off, the shm column and the
+#                               pingpong too
 # Exit status: 0 when every main program ran, every output line parsed and the table
 # printed. Rows that cannot be measured here (one device, a provider that is missing, a
 # server-to-server path not there yet) are n/a with their reason and do not fail the run.
@@ -273,7 +274,14 @@ bench() {
     local one=${list%%,*}
     log "$api: through Tandem over shm ($one)"
     run_tandem "$api-shm" shm "$one" "$flags" "$prog"; rc=$?
-    ((rc)) && echo "# n/a ($(reason "$api-shm" $rc))" >"$OUT/$api-shm.txt"
+    if ((rc)); then echo "# n/a ($(reason "$api-shm" $rc))" >"$OUT/$api-shm.txt"
+    else
+      for ((r = 2; r <= ROUNDS; ++r)); do
+        log "$api: round $r of $ROUNDS over shm"
+        run_tandem "$api-shm.r$r" shm "$one" "$flags" "$prog" || drop_round "$api-shm.r$r" $?
+      done
+      median_rows "$api-shm" || fail "$api: the rounds' medians over shm"
+    fi
     log "$api: server-to-server copy through Tandem over shm ($list)"
     run_tandem "$api-s2s-shm" shm "$list" "$flags" "$prog" --s2s; rc=$?
     ((rc)) && na_file "$api-s2s-shm" "($(reason "$api-s2s-shm" $rc))" "${s2s_rows[@]}"
@@ -353,16 +361,23 @@ else
   fi
 fi
 
-# The raw fabric limit of each provider used, same host, no GPU API.
+# The raw fabric limit of each provider used, same host, no GPU API: ROUNDS runs, whose
+# medians report.py takes (fabric-K.txt, fabric-K.rN.txt).
 PING=$BUILD/fabric/tandem_fabric_pingpong
 pingpong() {
-  local prov=$1 rc
-  # shellcheck disable=SC2046
-  env $(prov_env "$prov") timeout -k 5 "$RUN_TIMEOUT" "$PING" --provider "$prov" --iters "$PING_ITERS" \
-    >"$OUT/fabric-$2.txt" 2>"$OUT/fabric-$2.log"; rc=$?
-  ((rc == 0)) && return 0
-  echo "n/a ($(reason "fabric-$2" $rc))" >"$OUT/fabric-$2.txt"
-  return 1
+  local prov=$1 rc r name
+  for ((r = 1; r <= ROUNDS; ++r)); do
+    name=fabric-$2; ((r > 1)) && name+=.r$r
+    # shellcheck disable=SC2046
+    env $(prov_env "$prov") timeout -k 5 "$RUN_TIMEOUT" "$PING" --provider "$prov" --iters "$PING_ITERS" \
+      >"$OUT/$name.txt" 2>"$OUT/$name.log"; rc=$?
+    ((rc == 0)) && continue
+    if ((r == 1)); then
+      echo "n/a ($(reason "$name" $rc))" >"$OUT/$name.txt"
+      return 1
+    fi
+    drop_round "$name" $rc
+  done
 }
 if [[ -x $PING ]]; then
   pingpong "$PROVIDER" tandem || fail "tandem_fabric_pingpong ($PROVIDER): $(cat "$OUT/fabric-tandem.txt")"
