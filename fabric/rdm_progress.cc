@@ -30,11 +30,14 @@ void RdmEndpoint::ProgressLoop() {
       if (deferred_) RetryDeferred();
       const auto spin = std::chrono::microseconds(spin_us_.load(std::memory_order_relaxed));
       bool spinning = waiters_ > 0 || Clock::now() - last_activity < spin;
+      progress_hot_.store(spinning);
       if (spinning) {
         // Spin politely: on a few cores the thread that will answer may need this one.
         std::this_thread::yield();
         continue;
       }
+      // Not polling any more: a send handed over before the flag fell goes first.
+      if (deferred_) continue;
       // Deferred work waits on the provider: retry soon, but never spin for it on a busy machine.
       int block_ms = deferred_ ? 1 : kBlockMs;
       if (can_block_) {
@@ -133,12 +136,17 @@ void RdmEndpoint::RetryDeferred() {
   for (RecvSlot* s : slots) Repost(s);
   while (!control_deferred_.empty()) {
     SendOp* op = control_deferred_.front().get();
-    ssize_t r = fi_send(h_->ep, op->buf.data.get(), op->len, op->buf.desc, op->addr, &op->fi);
+    // A handed-off message for a peer closed or lost meanwhile is dropped, as a Send then fails.
+    Conn* c = op->handed_off ? FindConn(op->peer) : nullptr;
+    ssize_t r = op->handed_off && (c == nullptr || c->state != Conn::State::kUp)
+                    ? -FI_ENOTCONN
+                    : fi_send(h_->ep, op->buf.data.get(), op->len, op->buf.desc, op->addr, &op->fi);
     if (r == -FI_EAGAIN) break;
     if (r == 0) {
       sends_in_flight_.insert(control_deferred_.front().release());
     } else {
-      log::Warn("fabric: control message to peer {}: {}", op->peer, fi_strerror(static_cast<int>(-r)));
+      if (!op->handed_off) log::Warn("fabric: control message to peer {}: {}", op->peer, fi_strerror(static_cast<int>(-r)));
+      else if (c != nullptr) PeerFailed(op->peer, FiError(Code::kLinkLost, "fi_send", static_cast<int>(r)));
       ReleaseBuffer(std::move(op->buf));
     }
     control_deferred_.pop_front();
