@@ -27,10 +27,10 @@ uint64_t NewTransferId();
 // write is logged with its bytes, so a replay reproduces it).
 void DisableDirectCopies();
 
-// TANDEM_KEEPALIVE_MS (default 2 ms; 0: off): how long a used link may stay silent before
-// the client warms it.
 // How long an asynchronous command waits for companions before its batch is sent.
 Clock::duration FlushDelay();
+// TANDEM_KEEPALIVE_MS (default 2 ms; 0: off): how long a used link may stay silent before
+// the client warms it.
 Clock::duration KeepaliveInterval();
 // How long, with keepalive on, fabric and worker threads look for the next message before
 // they sleep: across the whole gap between two warm-ups (microseconds).
