@@ -15,22 +15,36 @@
 namespace tandem::server::cuda {
 
 // Pinned host memory: the backend's own pages (aligned_alloc), registered with the driver
-// (cuMemHostRegister, portable) under the context of the device that first needed them, and
-// kept for reuse by size class (powers of two from 64 KiB). The pages never belong to a
-// context: a device reset, which ends the context, only unpins them (ReleaseDevice unregisters
-// them first; Pinned and the reset pin them again), so memory held across it (the bulk
-// channel's staging, for the whole session) stays valid. Nothing is freed through the driver,
-// which would wait for the device: the pages go with the pool, once the backend and every
-// buffer handed out are gone (a buffer's last owner may be a driver callback, which must not
-// call CUDA).
+// (cuMemHostRegister, portable) under the context of the device that asked for them, and kept
+// for reuse by that device and size class (powers of two from 64 KiB): a block serves only
+// the device whose context holds its registration, so resetting one device cannot unpin what
+// another device's queued copy uses. The pages never belong to a context: when one goes
+// (teardown, a reset) the driver drops its registrations and the blocks count as unpinned
+// (Unpin, no driver call); a reset pins its device's blocks again (Repin), so memory held
+// across it (the bulk channel's staging, for the whole session) stays valid and fast.
+// Nothing is unregistered or freed through the driver, which would wait for the device (a
+// stream held by an unset user event never lets go): the pages go with the pool, once the
+// backend and every buffer handed out are gone (a buffer's last owner may be a driver
+// callback, which must not call CUDA).
 struct CudaBackend::PinnedPool {
   struct Block {
     size_t capacity = 0;
     int device = -1;  // whose context pinned it; -1: not pinned now
   };
   std::mutex mu;
-  std::multimap<size_t, uint8_t*> free;
-  std::map<uint8_t*, Block> all;  // every block, by address
+  std::multimap<std::pair<int, size_t>, uint8_t*> free;  // by (device, capacity)
+  std::map<uint8_t*, Block> all;                         // every block, by address
+  // Re-files a free block under its block's current device.
+  void Refile(uint8_t* p, int from) {
+    const Block& b = all[p];
+    auto [lo, hi] = free.equal_range({from, b.capacity});
+    for (auto it = lo; it != hi; ++it) {
+      if (it->second != p) continue;
+      free.erase(it);
+      free.emplace(std::make_pair(b.device, b.capacity), p);
+      return;
+    }
+  }
   ~PinnedPool() {
     for (auto& [p, block] : all) std::free(p);
   }
@@ -44,7 +58,7 @@ class PinnedBuffer final : public HostBuffer {
       : pool_(std::move(pool)), p_(p), capacity_(capacity), size_(n) {}
   ~PinnedBuffer() override {
     std::lock_guard<std::mutex> lock(pool_->mu);
-    pool_->free.emplace(capacity_, p_);
+    pool_->free.emplace(std::make_pair(pool_->all[p_].device, capacity_), p_);
   }
   uint8_t* data() override { return p_; }
   size_t size() const override { return size_; }
@@ -75,10 +89,14 @@ Result<std::shared_ptr<HostBuffer>> CudaBackend::Pinned(uint32_t device, size_t 
   bool pinned = false;
   {
     std::lock_guard<std::mutex> lock(pinned_->mu);
-    if (auto it = pinned_->free.find(capacity); it != pinned_->free.end()) {
-      p = it->second;
-      pinned_->free.erase(it);
-      pinned = pinned_->all[p].device >= 0;
+    // One this device pinned, else one nobody holds pinned now.
+    for (int owner : {static_cast<int>(device), -1}) {
+      if (auto it = pinned_->free.find({owner, capacity}); it != pinned_->free.end()) {
+        p = it->second;
+        pinned_->free.erase(it);
+        pinned = owner >= 0;
+        break;
+      }
     }
   }
   if (!p) {
@@ -91,7 +109,7 @@ Result<std::shared_ptr<HostBuffer>> CudaBackend::Pinned(uint32_t device, size_t 
     Status st = Pin(device, p, capacity);
     std::lock_guard<std::mutex> lock(pinned_->mu);
     if (!st.ok()) {
-      pinned_->free.emplace(capacity, p);
+      pinned_->free.emplace(std::make_pair(-1, capacity), p);
       return st;
     }
     pinned_->all[p].device = static_cast<int>(device);
@@ -99,12 +117,15 @@ Result<std::shared_ptr<HostBuffer>> CudaBackend::Pinned(uint32_t device, size_t 
   return std::shared_ptr<HostBuffer>(std::make_shared<PinnedBuffer>(pinned_, p, capacity, n));
 }
 
-// Registers the block under the device's context, leaving current whatever context was.
+// Registers the block under the device's context, leaving current whatever context was. A
+// registration the driver still holds (a context released but kept alive by another holder
+// of the primary context) is as good as a new one.
 Status CudaBackend::Pin(uint32_t device, uint8_t* p, size_t n) {
   CUcontext before = nullptr;
   TANDEM_RETURN_IF_ERROR(drv_->Check(drv_->cuCtxGetCurrent(&before), "cuCtxGetCurrent"));
   TANDEM_RETURN_IF_ERROR(Enter(device));
-  Status st = Check(device, drv_->cuMemHostRegister(p, n, CU_MEMHOSTREGISTER_PORTABLE), "cuMemHostRegister");
+  CUresult r = drv_->cuMemHostRegister(p, n, CU_MEMHOSTREGISTER_PORTABLE);
+  Status st = r == CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED ? Status::Ok() : Check(device, r, "cuMemHostRegister");
   if (before != devices_[device].ctx) {
     Status back = drv_->Check(drv_->cuCtxSetCurrent(before), "cuCtxSetCurrent");
     if (st.ok()) st = back;
@@ -112,33 +133,39 @@ Status CudaBackend::Pin(uint32_t device, uint8_t* p, size_t n) {
   return st;
 }
 
-// Before the device's context goes (teardown, reset): the blocks it pinned are unregistered,
-// in use or not, and stay this process's memory. Returns them; the device's context is current.
-std::vector<std::pair<uint8_t*, size_t>> CudaBackend::Unpin(uint32_t device) {
-  std::vector<std::pair<uint8_t*, size_t>> unpinned;
+// The device's context is gone (released or reset): the blocks it pinned are not pinned any
+// more, in use or not, and stay this process's memory. Returns them.
+std::vector<uint8_t*> CudaBackend::Unpin(uint32_t device) {
+  std::vector<uint8_t*> unpinned;
   if (!pinned_) return unpinned;
-  {
-    std::lock_guard<std::mutex> lock(pinned_->mu);
-    for (auto& [p, block] : pinned_->all) {
-      if (block.device != static_cast<int>(device)) continue;
-      block.device = -1;
-      unpinned.emplace_back(p, block.capacity);
-    }
+  std::lock_guard<std::mutex> lock(pinned_->mu);
+  for (auto& [p, block] : pinned_->all) {
+    if (block.device != static_cast<int>(device)) continue;
+    block.device = -1;
+    pinned_->Refile(p, static_cast<int>(device));
+    unpinned.push_back(p);
   }
-  // Outside the lock: a buffer going back to the pool from a driver callback takes it.
-  for (auto [p, capacity] : unpinned) Forget("cuMemHostUnregister", device, drv_->cuMemHostUnregister(p));
   return unpinned;
 }
 
 // After a reset, the blocks the device had pinned are pinned again under its new context, so
 // memory held across the reset (the bulk staging) is as fast as before. A failure leaves the
 // block unpinned: it still works, through the staging slots.
-void CudaBackend::Repin(uint32_t device, const std::vector<std::pair<uint8_t*, size_t>>& blocks) {
-  for (auto [p, capacity] : blocks) {
-    Status st = Check(device, drv_->cuMemHostRegister(p, capacity, CU_MEMHOSTREGISTER_PORTABLE), "cuMemHostRegister");
+void CudaBackend::Repin(uint32_t device, const std::vector<uint8_t*>& blocks) {
+  for (uint8_t* p : blocks) {
+    size_t capacity = 0;
+    {
+      std::lock_guard<std::mutex> lock(pinned_->mu);
+      capacity = pinned_->all[p].capacity;
+    }
+    Status st = Pin(device, p, capacity);
     std::lock_guard<std::mutex> lock(pinned_->mu);
-    if (st.ok()) pinned_->all[p].device = static_cast<int>(device);
-    else log::Debug("device {}: pinning {} bytes again after the reset: {}", device, capacity, st.message());
+    if (!st.ok()) {
+      log::Debug("device {}: pinning {} bytes again after the reset: {}", device, capacity, st.message());
+      continue;
+    }
+    pinned_->all[p].device = static_cast<int>(device);
+    pinned_->Refile(p, -1);
   }
 }
 
@@ -153,9 +180,14 @@ bool CudaBackend::IsPinned(const void* p, size_t n) const {
   return block.device >= 0 && n <= block.capacity && static_cast<size_t>(b - base) <= block.capacity - n;
 }
 
+// Pinned under the first device the session uses (device 0 if none yet), so a session on
+// device 1 alone does not create device 0's context for it.
 Result<std::shared_ptr<HostBuffer>> CudaBackend::BulkStaging(size_t n) {
   if (devices_.empty()) return Status(Code::kUnimplemented, "no device");
-  return Pinned(0, n);
+  uint32_t device = 0;
+  while (device + 1 < devices_.size() && !devices_[device].ctx) ++device;
+  if (!devices_[device].ctx) device = 0;
+  return Pinned(device, n);
 }
 
 // The device's notify stream waits for `event` (as cudaStreamWaitEvent would) or, with no

@@ -63,8 +63,11 @@ CudaBackend::CudaBackend(const Driver* driver, std::vector<CUdevice> devices, st
 }
 
 // Nothing here waits for the device: a stream may be held for good by a user event the
-// program never set (ReleaseDevice sets them, but only its own calls come after that).
+// program never set. Every device's user events are set first, so no stream still waits
+// when an earlier device's context goes.
 CudaBackend::~CudaBackend() {
+  for (uint32_t i = 0; i < devices_.size(); ++i)
+    if (devices_[i].ctx) ReleaseUserFlags(i);
   for (uint32_t i = 0; i < devices_.size(); ++i) ReleaseDevice(i, false);
 }
 
@@ -108,8 +111,9 @@ void CudaBackend::Forget(const char* what, uint32_t device, CUresult r) {
 // Frees every resource of the session on the device, then lets go of its context. Errors
 // are expected here after a sticky failure and only logged: the context goes away anyway.
 // The user-event words are freed with the context itself, since a stream may still be
-// reading them; the pinned pool's blocks are only unpinned (they are the process's memory).
-std::vector<std::pair<uint8_t*, size_t>> CudaBackend::ReleaseDevice(uint32_t device, bool keep_reservations) {
+// reading them; the pinned pool's blocks lose their registration with it and stay the
+// process's memory.
+std::vector<uint8_t*> CudaBackend::ReleaseDevice(uint32_t device, bool keep_reservations) {
   Device& d = devices_[device];
   if (!d.ctx) return {};
   Forget("cuCtxSetCurrent", device, drv_->cuCtxSetCurrent(d.ctx));
@@ -166,10 +170,9 @@ std::vector<std::pair<uint8_t*, size_t>> CudaBackend::ReleaseDevice(uint32_t dev
     Forget("cuMemAddressFree", device, drv_->cuMemAddressFree(it->first, it->second.size));
     it = reservations_.erase(it);
   }
-  auto unpinned = Unpin(device);
   Forget("cuDevicePrimaryCtxRelease", device, drv_->cuDevicePrimaryCtxRelease(d.dev));
   d.ctx = nullptr;
-  return unpinned;
+  return Unpin(device);
 }
 
 // ---- device commands -----------------------------------------------------------------------

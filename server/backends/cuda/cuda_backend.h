@@ -176,7 +176,7 @@ class CudaBackend final : public Backend {
   // Frees the session's resources on the device and releases its context; reservations too
   // unless `keep_reservations` (DeviceReset keeps the client's address ranges). Returns the
   // pinned blocks it unpinned (see Unpin).
-  std::vector<std::pair<uint8_t*, size_t>> ReleaseDevice(uint32_t device, bool keep_reservations);
+  std::vector<uint8_t*> ReleaseDevice(uint32_t device, bool keep_reservations);
   void Forget(const char* what, uint32_t device, CUresult r);
 
   // cuda_memory.cc
@@ -218,8 +218,8 @@ class CudaBackend final : public Backend {
   // Host memory of at least n bytes from the pinned pool, pinned under the device's context.
   Result<std::shared_ptr<HostBuffer>> Pinned(uint32_t device, size_t n);
   Status Pin(uint32_t device, uint8_t* p, size_t n);
-  std::vector<std::pair<uint8_t*, size_t>> Unpin(uint32_t device);
-  void Repin(uint32_t device, const std::vector<std::pair<uint8_t*, size_t>>& blocks);
+  std::vector<uint8_t*> Unpin(uint32_t device);
+  void Repin(uint32_t device, const std::vector<uint8_t*>& blocks);
   // Whether [p, p + n) lies in one pinned buffer of the pool.
   bool IsPinned(const void* p, size_t n) const;
 
