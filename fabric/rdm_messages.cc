@@ -95,7 +95,24 @@ void RdmEndpoint::Close(PeerId peer) {
   std::lock_guard<std::mutex> lock(mu_);
   Conn* c = FindConn(peer);
   if (c == nullptr) return;
-  if (c->state == Conn::State::kUp) SendBye(c->addr, c->conn_id);
+  if (c->state == Conn::State::kUp) {
+    // Messages handed to the progress thread and not posted yet go before the goodbye, which
+    // would otherwise overtake them (one the provider cannot take now is dropped).
+    for (auto it = control_deferred_.begin(); it != control_deferred_.end();) {
+      SendOp* op = it->get();
+      if (!op->handed_off || op->peer != peer) {
+        ++it;
+        continue;
+      }
+      if (fi_send(h_->ep, op->buf.data.get(), op->len, op->buf.desc, op->addr, &op->fi) == 0) {
+        sends_in_flight_.insert(it->release());
+      } else {
+        ReleaseBuffer(std::move(op->buf));
+      }
+      it = control_deferred_.erase(it);
+    }
+    SendBye(c->addr, c->conn_id);
+  }
   RemoveConn(peer);
 }
 
@@ -151,7 +168,12 @@ Status RdmEndpoint::Send(PeerId peer, std::vector<uint8_t> data) {
   last_send = now;
   if (cold && data.size() <= max_message_ && progress_hot_.load()) {
     auto buf = TakeBuffer(now + send_timeout_);
-    if (!buf.ok()) return buf.status();
+    if (!buf.ok()) {
+      // Its msg_id is taken: a later message would wait at the receiver for this one forever.
+      std::lock_guard<std::mutex> lock(mu_);
+      PeerFailed(peer, buf.status());
+      return buf.status();
+    }
     auto op = std::make_unique<SendOp>();
     op->peer = peer;
     op->buf = std::move(*buf);

@@ -508,7 +508,7 @@ void RuntimeImpl::FlushLoop() {
     flusher_polling_.store(poll);
     Clock::duration wait = std::chrono::milliseconds(200);
     for (SessionImpl* s : Sessions()) wait = std::min(wait, s->Tick(now));
-    if (poll) wait = std::min<Clock::duration>(wait, FlushDelay() / 2);
+    if (poll) wait = std::min<Clock::duration>(wait, std::max<Clock::duration>(FlushDelay() / 2, std::chrono::microseconds(20)));
     l.lock();
     flush_cv_.wait_for(l, wait, [this] { return flush_kick_; });
     flush_kick_ = false;
