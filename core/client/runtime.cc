@@ -244,9 +244,6 @@ void RuntimeImpl::Init() {
   // while the program runs; keepalive stops after TANDEM_KEEPALIVE_HOLD_MS of inactivity).
   if (KeepaliveInterval() != Clock::duration::zero())
     options.spin_us = std::max<int>(options.spin_us, static_cast<int>(KeepaliveSpinUs()));
-  // The program's thread after a pause (a sleep, host work) sends through the busy-polling
-  // progress thread: the idle read-back's slowest leg was the program's own send.
-  options.hand_off_idle_us = 200;
   // A send that nothing takes is a lost server after the same deadline as a silent one.
   options.send_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(FailoverTimeout());
   auto ep = fabric::Endpoint::Open(options);
