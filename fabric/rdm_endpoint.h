@@ -50,6 +50,7 @@ struct SendOp : OpContext {
   Buffer buf;  // returned to the pool on completion
   size_t len = 0;                  // of the frame in buf, and where it goes:
   fi_addr_t addr = FI_ADDR_UNSPEC;  // used when the post is deferred
+  bool handed_off = false;          // a caller's message (Options::hand_off_idle_us), not control
   SendOp() : OpContext(Kind::kSend) {}
 };
 
@@ -119,6 +120,7 @@ class RdmEndpoint final : public Endpoint {
   Result<Event> Next(Millis timeout) override;
   void Interrupt() override;
   void SetSpin(int us) override { spin_us_.store(us < 0 ? 0 : us); }
+  uint64_t sends_handed_off() const override { return sends_handed_off_.load(); }
 
   Result<std::unique_ptr<MemoryRegion>> Register(void* addr, size_t len, uint32_t access) override;
   Result<OpId> PostRead(PeerId peer, MemoryRegion& local, size_t local_offset, const RemoteRegion& remote,
@@ -182,6 +184,9 @@ class RdmEndpoint final : public Endpoint {
   size_t inject_size_ = 0;
   size_t rma_chunk_ = 0;
   std::atomic<int> spin_us_{0};
+  int hand_off_idle_us_ = 0;
+  std::atomic<bool> progress_hot_{false};  // the progress thread is busy-polling
+  std::atomic<uint64_t> sends_handed_off_{0};
   uint64_t mr_mode_ = 0;  // what the provider returned, honoured everywhere
   std::atomic<uint64_t> next_key_{1};  // requested keys when the provider does not choose them
   std::vector<uint8_t> my_address_;  // raw fi_getname()
@@ -198,7 +203,8 @@ class RdmEndpoint final : public Endpoint {
   PeerId next_peer_ = 1;
   std::vector<std::unique_ptr<RecvSlot>> recv_slots_;
   std::vector<RecvSlot*> recv_deferred_;  // repost failed with -FI_EAGAIN
-  std::deque<std::unique_ptr<SendOp>> control_deferred_;  // control sends from the progress thread
+  // Sends the progress thread posts: its own control messages, and callers' handed-off ones.
+  std::deque<std::unique_ptr<SendOp>> control_deferred_;
   std::unordered_set<SendOp*> sends_in_flight_;  // owned; freed by their completion
   std::vector<Buffer> free_buffers_;
   size_t buffers_total_ = 0;

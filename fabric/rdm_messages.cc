@@ -95,7 +95,24 @@ void RdmEndpoint::Close(PeerId peer) {
   std::lock_guard<std::mutex> lock(mu_);
   Conn* c = FindConn(peer);
   if (c == nullptr) return;
-  if (c->state == Conn::State::kUp) SendBye(c->addr, c->conn_id);
+  if (c->state == Conn::State::kUp) {
+    // Messages handed to the progress thread and not posted yet go before the goodbye, which
+    // would otherwise overtake them (one the provider cannot take now is dropped).
+    for (auto it = control_deferred_.begin(); it != control_deferred_.end();) {
+      SendOp* op = it->get();
+      if (!op->handed_off || op->peer != peer) {
+        ++it;
+        continue;
+      }
+      if (fi_send(h_->ep, op->buf.data.get(), op->len, op->buf.desc, op->addr, &op->fi) == 0) {
+        sends_in_flight_.insert(it->release());
+      } else {
+        ReleaseBuffer(std::move(op->buf));
+      }
+      it = control_deferred_.erase(it);
+    }
+    SendBye(c->addr, c->conn_id);
+  }
   RemoveConn(peer);
 }
 
@@ -141,6 +158,42 @@ Status RdmEndpoint::Send(PeerId peer, std::vector<uint8_t> data) {
     addr = c->addr;
     h.conn_id = c->conn_id;
     h.msg_id = c->next_send_id++;
+  }
+  // A one-frame message from a thread that has not sent for a while goes out from the
+  // busy-polling progress thread. Order is kept: the receiver delivers by msg_id, whoever
+  // posted the frame.
+  thread_local Clock::time_point last_send;
+  const Clock::time_point now = Clock::now();
+  const bool cold = hand_off_idle_us_ > 0 && now - last_send > std::chrono::microseconds(hand_off_idle_us_);
+  last_send = now;
+  if (cold && data.size() <= max_message_ && progress_hot_.load()) {
+    auto buf = TakeBuffer(now + send_timeout_);
+    if (!buf.ok()) {
+      // Its msg_id is taken: a later message would wait at the receiver for this one forever.
+      std::lock_guard<std::mutex> lock(mu_);
+      PeerFailed(peer, buf.status());
+      return buf.status();
+    }
+    auto op = std::make_unique<SendOp>();
+    op->peer = peer;
+    op->buf = std::move(*buf);
+    op->handed_off = true;
+    h.frag_count = 1;
+    h.total_len = data.size();
+    wire::EncodeHeader(h, op->buf.data.get());
+    if (!data.empty()) std::memcpy(op->buf.data.get() + wire::kHeaderSize, data.data(), data.size());
+    op->len = wire::kHeaderSize + data.size();
+    op->addr = addr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      control_deferred_.push_back(std::move(op));
+      deferred_ = true;
+    }
+    sends_handed_off_.fetch_add(1, std::memory_order_relaxed);
+    // A progress thread that stopped polling meanwhile looks at its queue before it blocks
+    // (ProgressLoop); one already blocked is woken.
+    if (!progress_hot_.load()) Kick();
+    return Status::Ok();
   }
   // Fragments of max_message; the receiver places each by offset and delivers in msg_id order.
   size_t count = data.empty() ? 1 : (data.size() + max_message_ - 1) / max_message_;

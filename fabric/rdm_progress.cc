@@ -3,6 +3,8 @@
 // spins for spin_us after activity (or while a caller waits on the provider), then blocks.
 #include <rdma/fi_errno.h>
 
+#include <unordered_set>
+
 #include "rdm_endpoint.h"
 #include "tandem/log.h"
 
@@ -30,11 +32,15 @@ void RdmEndpoint::ProgressLoop() {
       if (deferred_) RetryDeferred();
       const auto spin = std::chrono::microseconds(spin_us_.load(std::memory_order_relaxed));
       bool spinning = waiters_ > 0 || Clock::now() - last_activity < spin;
+      progress_hot_.store(spinning);
       if (spinning) {
         // Spin politely: on a few cores the thread that will answer may need this one.
         std::this_thread::yield();
         continue;
       }
+      // Not polling any more: a send handed over before the flag fell goes first (one handed
+      // over after it comes with a Kick, which ends the wait below).
+      if (deferred_) RetryDeferred();
       // Deferred work waits on the provider: retry soon, but never spin for it on a busy machine.
       int block_ms = deferred_ ? 1 : kBlockMs;
       if (can_block_) {
@@ -131,17 +137,33 @@ void RdmEndpoint::RetryDeferred() {
   std::vector<RecvSlot*> slots;
   slots.swap(recv_deferred_);
   for (RecvSlot* s : slots) Repost(s);
-  while (!control_deferred_.empty()) {
-    SendOp* op = control_deferred_.front().get();
-    ssize_t r = fi_send(h_->ep, op->buf.data.get(), op->len, op->buf.desc, op->addr, &op->fi);
-    if (r == -FI_EAGAIN) break;
+  // In order per peer; a peer the provider cannot take more for now (a connection still being
+  // made, a full queue) holds back only its own later sends, not other peers'.
+  std::unordered_set<PeerId> held;
+  for (auto it = control_deferred_.begin(); it != control_deferred_.end();) {
+    SendOp* op = it->get();
+    if (held.contains(op->peer)) {
+      ++it;
+      continue;
+    }
+    // A handed-off message for a peer closed or lost meanwhile is dropped, as a Send then fails.
+    Conn* c = op->handed_off ? FindConn(op->peer) : nullptr;
+    ssize_t r = op->handed_off && (c == nullptr || c->state != Conn::State::kUp)
+                    ? -FI_ENOTCONN
+                    : fi_send(h_->ep, op->buf.data.get(), op->len, op->buf.desc, op->addr, &op->fi);
+    if (r == -FI_EAGAIN) {
+      held.insert(op->peer);
+      ++it;
+      continue;
+    }
     if (r == 0) {
-      sends_in_flight_.insert(control_deferred_.front().release());
+      sends_in_flight_.insert(it->release());
     } else {
-      log::Warn("fabric: control message to peer {}: {}", op->peer, fi_strerror(static_cast<int>(-r)));
+      if (!op->handed_off) log::Warn("fabric: control message to peer {}: {}", op->peer, fi_strerror(static_cast<int>(-r)));
+      else if (c != nullptr) PeerFailed(op->peer, FiError(Code::kLinkLost, "fi_send", static_cast<int>(r)));
       ReleaseBuffer(std::move(op->buf));
     }
-    control_deferred_.pop_front();
+    it = control_deferred_.erase(it);
   }
   std::vector<RmaOp*> stalled(rma_stalled_.begin(), rma_stalled_.end());
   for (RmaOp* op : stalled) Pump(*op);

@@ -124,6 +124,7 @@ Status RdmEndpoint::OpenAt(const Options& options, const std::string& host, cons
   std::string provider = options.provider.empty() ? ProviderFromEnv() : options.provider;
   listening_ = !options.listen.empty();
   spin_us_ = options.spin_us;
+  hand_off_idle_us_ = options.hand_off_idle_us;
   send_timeout_ = options.send_timeout;
   h_ = std::make_shared<Handles>();
 

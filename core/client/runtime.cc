@@ -15,6 +15,8 @@
 #include <sstream>
 #include <thread>
 
+#include <fmt/format.h>
+
 #include "ft.h"
 #include "session.h"
 #include "stats.h"
@@ -244,6 +246,9 @@ void RuntimeImpl::Init() {
   // while the program runs; keepalive stops after TANDEM_KEEPALIVE_HOLD_MS of inactivity).
   if (KeepaliveInterval() != Clock::duration::zero())
     options.spin_us = std::max<int>(options.spin_us, static_cast<int>(KeepaliveSpinUs()));
+  // The program's thread after a pause (a sleep, host work) sends through the busy-polling
+  // progress thread: the idle read-back's slowest leg was the program's own send.
+  options.hand_off_idle_us = 200;
   // A send that nothing takes is a lost server after the same deadline as a silent one.
   options.send_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(FailoverTimeout());
   auto ep = fabric::Endpoint::Open(options);
@@ -406,7 +411,8 @@ Result<typename Req::Reply> RuntimeImpl::Exchange(fabric::PeerId peer, const Req
   auto deadline = std::chrono::steady_clock::now() + connect_timeout_;
   for (;;) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) return Status(Code::kTimeout, server + " did not answer " + std::string(Req::kName));
+    if (left.count() <= 0) return Status(Code::kTimeout, fmt::format("{} did not answer {} within {} ms", server, Req::kName,
+                                                                  connect_timeout_.count()));
     Result<fabric::Event> ev = Status(Code::kTimeout, "");
     if (box) {
       std::unique_lock<std::mutex> l(box->m);

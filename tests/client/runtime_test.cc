@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <numeric>
 
@@ -24,7 +25,13 @@ class Live : public ::testing::Test {
     daemon_ = new test::Daemon({});
     ASSERT_FALSE(daemon_->address().empty());
     setenv("TANDEM_SERVERS", daemon_->address().c_str(), 1);
-    ASSERT_TRUE(Runtime::Get().status().ok()) << Runtime::Get().status().ToString();
+    // How long the start-up took (Hello, the worker opening its backend, Attach): the
+    // connect timeout above has to cover it on a loaded GPU host.
+    const auto start = std::chrono::steady_clock::now();
+    const Status st = Runtime::Get().status();
+    std::printf("[ start-up ] connected in %.0f ms\n",
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    ASSERT_TRUE(st.ok()) << st.ToString() << "\n" << daemon_->Log();
   }
   static void TearDownTestSuite() {
     delete daemon_;

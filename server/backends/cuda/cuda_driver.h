@@ -29,7 +29,7 @@ namespace tandem::server::cuda {
   R(cuMemGetInfo, 3020) R(cuMemGetAllocationGranularity, 10020) R(cuMemAddressReserve, 10020)             \
   R(cuMemAddressFree, 10020) R(cuMemCreate, 10020) R(cuMemRelease, 10020) R(cuMemMap, 10020)               \
   R(cuMemUnmap, 10020) R(cuMemSetAccess, 10020)                                                            \
-  R(cuMemHostAlloc, 2020) R(cuMemHostRegister, 6050) R(cuMemHostUnregister, 4000)                        \
+  R(cuMemHostAlloc, 2020) R(cuMemHostRegister, 6050)                                                      \
   R(cuMemHostGetDevicePointer, 3020)                        \
   R(cuMemcpyHtoDAsync, 3020) R(cuMemcpyDtoHAsync, 3020) R(cuMemcpyDtoDAsync, 3020)                         \
   R(cuMemcpyPeerAsync, 4000) R(cuMemcpy3DPeerAsync, 4000)                                                  \
