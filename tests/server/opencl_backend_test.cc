@@ -177,6 +177,42 @@ TEST_F(OpenCLBackendTest, DeferredReadsThroughSlotsAndPastThem) {
   be_->AllowDeferredReplies(false);
 }
 
+// Keepalive: Warm echoes its bytes through the device (a write and a read back), runs the
+// empty kernel, or both; its wait is deferred to the waiter like a program's read back, and
+// the request's bytes may be gone by then. Without deferral it finishes at once.
+TEST_F(OpenCLBackendTest, WarmEchoesThroughTheDeviceDeferredAndNot) {
+  for (bool deferred : {true, false}) {
+    be_->AllowDeferredReplies(deferred);
+    for (uint32_t what : {ir::kWarmCopy, ir::kWarmKernel, ir::kWarmCopy | ir::kWarmKernel}) {
+      for (int i = 0; i < 3; ++i) {
+        auto req = std::make_unique<ir::WarmReq>();
+        req->device = 0;
+        req->what = what;
+        req->data = ir::bytes(ir::kWarmMaxBytes);
+        for (size_t k = 0; k < req->data.size(); ++k) req->data[k] = static_cast<uint8_t>(k * 13 + i + what);
+        const ir::bytes sent = req->data;
+        ir::WarmRep rep;
+        ASSERT_TRUE(be_->OnWarm(*req, &rep).ok()) << "what " << what;
+        req.reset();  // the wait must not need the request any more
+        auto wait = be_->TakeDeferredReply();
+        ASSERT_EQ(static_cast<bool>(wait), deferred) << "what " << what;
+        if (wait) {
+          const Status st = wait();
+          ASSERT_TRUE(st.ok()) << st.ToString();
+        }
+        if (what & ir::kWarmCopy) {
+          EXPECT_EQ(rep.data, sent) << "what " << what << ", round " << i;
+        } else {
+          EXPECT_TRUE(rep.data.empty());
+        }
+      }
+    }
+  }
+  be_->AllowDeferredReplies(false);
+  ir::WarmRep rep;
+  EXPECT_FALSE(be_->OnWarm({.device = 7, .what = ir::kWarmCopy, .spin_us = 0, .data = ir::bytes(8)}, &rep).ok());
+}
+
 // The pool itself: 16 distinct slots, none when all are out, each back when its last
 // reference goes (copies included), and a slot still out keeps the pool mapped.
 TEST(ReadSlotsPool, TakeUntilEmptyAndGiveBack) {

@@ -2,6 +2,10 @@
 // own, so it never orders against the program's queues.
 #include <fmt/format.h>
 
+#include <cstring>
+#include <memory>
+#include <vector>
+
 #include "opencl_backend.h"
 
 namespace tandem::server::opencl {
@@ -35,23 +39,53 @@ Status OpenCLBackend::OnWarm(const ir::WarmReq& req, ir::WarmRep* rep) {
   cl_command_queue q = d.warm_queue.get();
   const size_t n = req.data.size();
   rep->data.clear();
+  // The write's source outlives the request: the wait below may run after this returns.
+  auto source = std::make_shared<std::vector<uint8_t>>(req.data.begin(), req.data.end());
   if ((req.what & ir::kWarmCopy) && n > 0) {
-    err = clEnqueueWriteBuffer(q, d.warm_scratch.get(), CL_FALSE, 0, n, req.data.data(), 0, nullptr, nullptr);
+    err = clEnqueueWriteBuffer(q, d.warm_scratch.get(), CL_FALSE, 0, n, source->data(), 0, nullptr, nullptr);
     if (err != CL_SUCCESS) return ClError(err, "clEnqueueWriteBuffer", "keepalive");
   }
   if (req.what & ir::kWarmKernel) {
     const size_t one = 1;
     err = clEnqueueNDRangeKernel(q, d.warm_kernel.get(), 1, nullptr, &one, &one, 0, nullptr, nullptr);
-    if (err != CL_SUCCESS) return ClError(err, "clEnqueueNDRangeKernel", "keepalive");
+    if (err != CL_SUCCESS) {
+      clFinish(q);  // the write may still read `source`
+      return ClError(err, "clEnqueueNDRangeKernel", "keepalive");
+    }
   }
+  // The wait goes the way of a program's read back and synchronize (OnBufferRead,
+  // FinishLater): off the executor, on the session's waiter thread, which then sends the
+  // reply. That thread is on every such round trip, and one that only the program's commands
+  // wake is slow after a gap (the OpenCL idle read-back, H100: 4x its warm latency after
+  // 20 ms while the keepalive warmed only the executor's blocking path).
+  clRetainCommandQueue(q);
+  auto queue = std::make_shared<QueueRef>(q);
   if ((req.what & ir::kWarmCopy) && n > 0) {
     rep->data.resize(n);
-    err = clEnqueueReadBuffer(q, d.warm_scratch.get(), CL_TRUE, 0, n, rep->data.data(), 0, nullptr, nullptr);
-    if (err != CL_SUCCESS) return ClError(err, "clEnqueueReadBuffer", "keepalive");
+    std::shared_ptr<uint8_t> slot = ReadSlot(static_cast<uint32_t>(req.device));
+    cl_event read = nullptr;
+    err = clEnqueueReadBuffer(q, d.warm_scratch.get(), CL_FALSE, 0, n, slot ? slot.get() : rep->data.data(), 0,
+                              nullptr, &read);
+    if (err != CL_SUCCESS) {
+      clFinish(q);
+      return ClError(err, "clEnqueueReadBuffer", "keepalive");
+    }
+    auto done = std::make_shared<EventRef>(read);
+    clFlush(q);
+    return ReplyLater([queue, source, done, slot = std::move(slot), out = rep->data.data(), n] {
+      cl_event ev = done->get();
+      cl_int err = clWaitForEvents(1, &ev);
+      if (err != CL_SUCCESS) return ClError(err, "clWaitForEvents", "keepalive");
+      if (slot) std::memcpy(out, slot.get(), n);
+      return Status::Ok();
+    });
   }
-  err = clFinish(q);
-  if (err != CL_SUCCESS) return ClError(err, "clFinish", "keepalive");
-  return Status::Ok();
+  clFlush(q);
+  return ReplyLater([queue] {
+    cl_int err = clFinish(queue->get());
+    if (err != CL_SUCCESS) return ClError(err, "clFinish", "keepalive");
+    return Status::Ok();
+  });
 }
 
 }  // namespace tandem::server::opencl
