@@ -6,7 +6,6 @@
 
 #include "rdm_endpoint.h"
 #include "tandem/log.h"
-#include "tandem/spin.h"
 
 namespace tandem::fabric {
 namespace {
@@ -297,7 +296,7 @@ void RdmEndpoint::ReleaseBuffer(Buffer b) {
 Result<Event> RdmEndpoint::Next(Millis timeout) {
   // A reply usually follows within microseconds: look for it a moment before sleeping.
   auto spin_end = Clock::now() + std::min<Clock::duration>(std::chrono::microseconds(spin_us_.load()), timeout);
-  SpinUntil([&] { return events_pending_.load(std::memory_order_acquire) != 0; }, spin_end);
+  while (events_pending_ == 0 && Clock::now() < spin_end) std::this_thread::yield();
   std::unique_lock<std::mutex> lock(events_mu_);
   events_cv_.wait_for(lock, timeout, [&] { return !events_.empty() || interrupted_; });
   if (interrupted_) {

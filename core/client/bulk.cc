@@ -14,7 +14,6 @@
 #include "session.h"
 #include "stats.h"
 #include "tandem/log.h"
-#include "tandem/spin.h"
 
 namespace tandem::client {
 namespace {
@@ -28,7 +27,9 @@ Status Completion::Wait() {
   // With keepalive the reply usually comes within the spin window: look for it before
   // sleeping (a wake-up from the kernel is a good part of a small read back's latency).
   if (KeepaliveInterval() != Clock::duration::zero()) {
-    SpinUntil([&] { return done_.load(std::memory_order_acquire); }, start + std::chrono::microseconds(200));
+    const auto until = start + std::chrono::microseconds(200);
+    while (!done_.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < until)
+      std::this_thread::yield();
   }
   std::unique_lock<std::mutex> l(m_);
   cv_.wait(l, [&] { return done_.load(std::memory_order_relaxed); });

@@ -25,7 +25,6 @@
 #include "tandem/fabric/fabric.h"
 #include "tandem/log.h"
 #include "tandem/server/session.h"
-#include "tandem/spin.h"
 #include "tandemd.h"
 
 namespace tandem::server {
@@ -274,16 +273,8 @@ std::atomic<int> g_spin_us{kDefaultSpinUs};
 void SpinFor(const std::atomic<bool>& ready) {
   const int us = g_spin_us.load(std::memory_order_relaxed);
   if (us <= 0) return;
-  SpinUntil([&] { return ready.load(std::memory_order_acquire); }, Clock::now() + std::chrono::microseconds(us));
-}
-
-// After a queue's push, outside its lock: a spinning consumer that sees the flag at once
-// then finds the lock free (inside it, it would often find it still taken and sleep on it).
-// The flag is only a hint to the spinner; the consumer's wait checks the queue itself, and a
-// consumer asleep in it is woken by the notify.
-void Signal(std::atomic<bool>& ready, std::condition_variable& cv) {
-  ready.store(true, std::memory_order_release);
-  cv.notify_one();
+  const auto until = Clock::now() + std::chrono::microseconds(us);
+  while (!ready.load(std::memory_order_acquire) && Clock::now() < until) std::this_thread::yield();
 }
 
 // Runs deferred replies (a read back or synchronize that waits on the device) one after
@@ -296,11 +287,10 @@ class Waiter {
     std::thread([this] { Loop(); }).detach();
   }
   void Push(std::vector<LateReply> late) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      for (auto& l : late) queue_.push_back(std::move(l));
-    }
-    Signal(ready_, cv_);
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& l : late) queue_.push_back(std::move(l));
+    ready_.store(true, std::memory_order_release);
+    cv_.notify_one();
   }
 
  private:
@@ -323,7 +313,7 @@ class Waiter {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<LateReply> queue_;
-  std::atomic<bool> ready_{false};  // queue_ may not be empty (see Signal)
+  std::atomic<bool> ready_{false};  // queue_ is not empty (written under mu_)
 };
 
 // The executor: a queue of request batches run one at a time, in arrival order.
@@ -341,11 +331,10 @@ class Executor {
     thread_ = std::thread([this] { Loop(); });
   }
   void Push(std::vector<uint8_t> msg) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      queue_.push_back(std::move(msg));
-    }
-    Signal(ready_, cv_);
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(msg));
+    ready_.store(true, std::memory_order_release);
+    cv_.notify_one();
   }
   bool goodbye() const { return goodbye_.load(); }
   void Stop() {
@@ -400,7 +389,7 @@ class Executor {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::vector<uint8_t>> queue_;
-  std::atomic<bool> ready_{false};  // stop_ or queue_ may be set (see Signal)
+  std::atomic<bool> ready_{false};  // stop_ or queue_ not empty (written under mu_)
   Waiter waiter_;
   bool stop_ = false;
   std::atomic<bool> goodbye_{false};
