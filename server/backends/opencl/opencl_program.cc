@@ -5,6 +5,7 @@
 #include <array>
 
 #include "opencl_backend.h"
+#include "tandem/log.h"
 
 namespace tandem::server::opencl {
 namespace {
@@ -126,10 +127,18 @@ Status OpenCLBackend::OnModuleBuild(const ir::ModuleBuildReq& req, ir::ModuleBui
   cl_program prog = m.value()->program.get();
   cl_device_id dev = devices_[m.value()->device].id;
   // Argument facts (qualifiers, names) are only kept with -cl-kernel-arg-info; the client
-  // needs them to launch, so every build asks for them.
-  std::string options = req.options;
-  if (options.find("-cl-kernel-arg-info") == std::string::npos) options += " -cl-kernel-arg-info";
+  // launches best with them, so every build asks for them. NVIDIA's compiler (driver 580)
+  // then fails any program with a kernel of no parameters (ptxas: "Parsing error near '}'"),
+  // which builds without it: such a build is redone as the program asked, and the client
+  // tells buffers from values itself, as for a program built from a binary.
+  const bool added = req.options.find("-cl-kernel-arg-info") == std::string::npos;
+  const std::string options = added ? req.options + " -cl-kernel-arg-info" : req.options;
   rep->status = clBuildProgram(prog, 1, &dev, options.c_str(), nullptr, nullptr);
+  if (rep->status == CL_BUILD_PROGRAM_FAILURE && added) {
+    rep->status = clBuildProgram(prog, 1, &dev, req.options.c_str(), nullptr, nullptr);
+    if (rep->status == CL_SUCCESS)
+      log::Info("module {:#x}: built without -cl-kernel-arg-info (the device's compiler failed with it)", req.module);
+  }
   cl_int err = QueryString(
       [&](size_t n, void* v, size_t* r) { return clGetProgramBuildInfo(prog, dev, CL_PROGRAM_BUILD_LOG, n, v, r); },
       &rep->log);
