@@ -15,11 +15,22 @@ keys = sorted(k for k in c if k in s)[skip:]
 names = ["client post->send", "fi send (client)", "wire+srv progress", "srv progress->recv thread",
          "recv thread->executor", "execute batch", "reply send (server)", "wire+cli progress",
          "cli progress->recv thread", "recv thread->OnMessage", "parse+dispatch", "Set->app returns", "TOTAL"]
+# A late reply (OpenCL's synchronize) is sent by the worker's waiter, whose row adds when it
+# took the reply over and when the wait ended: "reply send" then splits in three.
+late = any(len(v) == 7 for v in s.values())
+if late:
+    names[6:7] = ["executor -> waiter", "waiter's wait", "reply send (waiter)"]
 legs = []
 for k in keys:
     post, ss, sd, cr, cn, om, st, ret = c[k]
-    r, n, p, h, sent = s[k]
-    legs.append([ss-post, sd-ss, r-sd, n-r, p-n, h-p, sent-h, cr-sent, cn-cr, om-cn, st-om, ret-st, ret-post])
+    r, n, p, h, sent, *w = s[k]
+    if not late:
+        mid = [sent-h]
+    elif w:
+        mid = [w[0]-h, w[1]-w[0], sent-w[1]]
+    else:  # a batch the executor answered itself
+        mid = [0, 0, sent-h]
+    legs.append([ss-post, sd-ss, r-sd, n-r, p-n, h-p] + mid + [cr-sent, cn-cr, om-cn, st-om, ret-st, ret-post])
 if not legs: print("no joined rows", len(c), len(s)); sys.exit(0)
 print(f"{len(legs)} round trips")
 for i, name in enumerate(names):
