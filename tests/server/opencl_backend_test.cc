@@ -213,6 +213,43 @@ TEST_F(OpenCLBackendTest, WarmEchoesThroughTheDeviceDeferredAndNot) {
   EXPECT_FALSE(be_->OnWarm({.device = 7, .what = ir::kWarmCopy, .spin_us = 0, .data = ir::bytes(8)}, &rep).ok());
 }
 
+// With every read slot held by reads in flight, Warm reads straight into its reply; the
+// reads that held the slots still get their own bytes.
+TEST_F(OpenCLBackendTest, WarmWithoutAFreeReadSlot) {
+  Alloc(1, 4096);
+  ir::bytes data(4096);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(i * 5 + 1);
+  ASSERT_TRUE(Write(1, 0, data).ok());
+  be_->AllowDeferredReplies(true);
+  struct Held {
+    std::unique_ptr<ir::BufferReadRep> rep;
+    std::function<Status()> wait;
+  };
+  std::vector<Held> held;
+  for (uint64_t i = 0; i < opencl::ReadSlots::kSlots; ++i) {
+    auto rep = std::make_unique<ir::BufferReadRep>();
+    ASSERT_TRUE(be_->OnBufferRead({0, 1, i * 64, 64, {}, {}, 0}, rep.get()).ok());
+    auto wait = be_->TakeDeferredReply();
+    ASSERT_TRUE(wait);
+    held.push_back({std::move(rep), std::move(wait)});
+  }
+  ir::WarmReq req{.device = 0, .what = ir::kWarmCopy | ir::kWarmKernel, .spin_us = 0, .data = ir::bytes(ir::kWarmMaxBytes)};
+  for (size_t k = 0; k < req.data.size(); ++k) req.data[k] = static_cast<uint8_t>(200 - k);
+  ir::WarmRep rep;
+  ASSERT_TRUE(be_->OnWarm(req, &rep).ok());
+  auto wait = be_->TakeDeferredReply();
+  ASSERT_TRUE(wait);
+  const Status st = wait();
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(rep.data, req.data);
+  for (uint64_t i = 0; i < held.size(); ++i) {
+    const Status r = held[i].wait();
+    EXPECT_TRUE(r.ok()) << r.ToString();
+    EXPECT_TRUE(std::equal(held[i].rep->data.begin(), held[i].rep->data.end(), data.begin() + i * 64)) << "read " << i;
+  }
+  be_->AllowDeferredReplies(false);
+}
+
 // The pool itself: 16 distinct slots, none when all are out, each back when its last
 // reference goes (copies included), and a slot still out keeps the pool mapped.
 TEST(ReadSlotsPool, TakeUntilEmptyAndGiveBack) {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "opencl_backend.h"
+#include "tandem/log.h"
 
 namespace tandem::server::opencl {
 
@@ -41,6 +42,17 @@ Status OpenCLBackend::OnWarm(const ir::WarmReq& req, ir::WarmRep* rep) {
   rep->data.clear();
   // The write's source outlives the request: the wait below may run after this returns.
   auto source = std::make_shared<std::vector<uint8_t>>(req.data.begin(), req.data.end());
+  // An enqueue that fails after the write went in: the write may still read `source`. A queue
+  // that cannot even be finished keeps it for good (64 bytes at most, logged).
+  auto failed = [&](cl_int e, const char* call) {
+    if (cl_int f = clFinish(q); f != CL_SUCCESS) {
+      log::Warn("keepalive: clFinish after a failed {} failed too ({}); its {} bytes stay allocated", call,
+                ClErrorName(f), n);
+      static auto* kept = new std::vector<std::shared_ptr<std::vector<uint8_t>>>;  // the executor's thread only
+      kept->push_back(source);
+    }
+    return ClError(e, call, "keepalive");
+  };
   if ((req.what & ir::kWarmCopy) && n > 0) {
     err = clEnqueueWriteBuffer(q, d.warm_scratch.get(), CL_FALSE, 0, n, source->data(), 0, nullptr, nullptr);
     if (err != CL_SUCCESS) return ClError(err, "clEnqueueWriteBuffer", "keepalive");
@@ -48,10 +60,7 @@ Status OpenCLBackend::OnWarm(const ir::WarmReq& req, ir::WarmRep* rep) {
   if (req.what & ir::kWarmKernel) {
     const size_t one = 1;
     err = clEnqueueNDRangeKernel(q, d.warm_kernel.get(), 1, nullptr, &one, &one, 0, nullptr, nullptr);
-    if (err != CL_SUCCESS) {
-      clFinish(q);  // the write may still read `source`
-      return ClError(err, "clEnqueueNDRangeKernel", "keepalive");
-    }
+    if (err != CL_SUCCESS) return failed(err, "clEnqueueNDRangeKernel");
   }
   // The wait goes the way of a program's read back and synchronize (OnBufferRead,
   // FinishLater): off the executor, on the session's waiter thread, which then sends the
@@ -66,10 +75,7 @@ Status OpenCLBackend::OnWarm(const ir::WarmReq& req, ir::WarmRep* rep) {
     cl_event read = nullptr;
     err = clEnqueueReadBuffer(q, d.warm_scratch.get(), CL_FALSE, 0, n, slot ? slot.get() : rep->data.data(), 0,
                               nullptr, &read);
-    if (err != CL_SUCCESS) {
-      clFinish(q);
-      return ClError(err, "clEnqueueReadBuffer", "keepalive");
-    }
+    if (err != CL_SUCCESS) return failed(err, "clEnqueueReadBuffer");
     auto done = std::make_shared<EventRef>(read);
     clFlush(q);
     return ReplyLater([queue, source, done, slot = std::move(slot), out = rep->data.data(), n] {
