@@ -287,6 +287,11 @@ class OpenCLBackend : public Backend {
   Status WriteRemote(const ir::BufferWriteReq& req, Buffer& b, Enqueue& e);
   Status ReadRemote(const ir::BufferReadReq& req, Buffer& b, Enqueue& e);
   std::shared_ptr<uint8_t> ReadSlot(uint32_t device);
+  // The deferred half of a small read, enqueued (and flushed) into `slot`, or into `out`
+  // when there is no slot: waits for `read` (taking that reference) off the executor, then
+  // copies the slot's n bytes to `out`, the reply's. `hold` lives until then.
+  Status ReplyWhenRead(cl_event read, std::shared_ptr<uint8_t> slot, uint8_t* out, size_t n, const char* what,
+                       std::shared_ptr<const void> hold = nullptr);
   Status SignalAfter(Enqueue& e);
 
   // ---- programs (opencl_program.cc) ----

@@ -142,14 +142,20 @@ Status OpenCLBackend::OnBufferRead(const ir::BufferReadReq& req, ir::BufferReadR
                                    slot ? slot.get() : rep->data.data(), e.num_wait(), e.wait_list(),
                                    e.event_out(true));
   if (err != CL_SUCCESS) return ClError(err, "clEnqueueReadBuffer");
-  clRetainEvent(e.done);
-  auto done = std::make_shared<EventRef>(e.done);
+  cl_event read = e.done;
+  clRetainEvent(read);
   Complete(e);
   clFlush(e.queue);
-  return ReplyLater([done, slot = std::move(slot), out = rep->data.data(), n = req.size] {
+  return ReplyWhenRead(read, std::move(slot), rep->data.data(), req.size, "read back");
+}
+
+Status OpenCLBackend::ReplyWhenRead(cl_event read, std::shared_ptr<uint8_t> slot, uint8_t* out, size_t n,
+                                    const char* what, std::shared_ptr<const void> hold) {
+  auto done = std::make_shared<EventRef>(read);
+  return ReplyLater([done, slot = std::move(slot), out, n, what, hold = std::move(hold)] {
     cl_event ev = done->get();
     cl_int err = clWaitForEvents(1, &ev);
-    if (err != CL_SUCCESS) return ClError(err, "clWaitForEvents", "read back");
+    if (err != CL_SUCCESS) return ClError(err, "clWaitForEvents", what);
     if (slot) std::memcpy(out, slot.get(), n);
     return Status::Ok();
   });

@@ -2,7 +2,6 @@
 // own, so it never orders against the program's queues.
 #include <fmt/format.h>
 
-#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -62,36 +61,21 @@ Status OpenCLBackend::OnWarm(const ir::WarmReq& req, ir::WarmRep* rep) {
     err = clEnqueueNDRangeKernel(q, d.warm_kernel.get(), 1, nullptr, &one, &one, 0, nullptr, nullptr);
     if (err != CL_SUCCESS) return failed(err, "clEnqueueNDRangeKernel");
   }
-  // The wait goes the way of a program's read back and synchronize (OnBufferRead,
+  // The wait goes the way of a program's read back and synchronize (ReplyWhenRead,
   // FinishLater): off the executor, on the session's waiter thread, which then sends the
   // reply. That thread is on every such round trip, and one that only the program's commands
   // wake is slow after a gap (the OpenCL idle read-back, H100: 4x its warm latency after
   // 20 ms while the keepalive warmed only the executor's blocking path).
-  clRetainCommandQueue(q);
-  auto queue = std::make_shared<QueueRef>(q);
-  if ((req.what & ir::kWarmCopy) && n > 0) {
-    rep->data.resize(n);
-    std::shared_ptr<uint8_t> slot = ReadSlot(static_cast<uint32_t>(req.device));
-    cl_event read = nullptr;
-    err = clEnqueueReadBuffer(q, d.warm_scratch.get(), CL_FALSE, 0, n, slot ? slot.get() : rep->data.data(), 0,
-                              nullptr, &read);
-    if (err != CL_SUCCESS) return failed(err, "clEnqueueReadBuffer");
-    auto done = std::make_shared<EventRef>(read);
-    clFlush(q);
-    return ReplyLater([queue, source, done, slot = std::move(slot), out = rep->data.data(), n] {
-      cl_event ev = done->get();
-      cl_int err = clWaitForEvents(1, &ev);
-      if (err != CL_SUCCESS) return ClError(err, "clWaitForEvents", "keepalive");
-      if (slot) std::memcpy(out, slot.get(), n);
-      return Status::Ok();
-    });
-  }
+  if (!(req.what & ir::kWarmCopy) || n == 0) return FinishLater({q});
+  rep->data.resize(n);
+  std::shared_ptr<uint8_t> slot = ReadSlot(static_cast<uint32_t>(req.device));
+  cl_event read = nullptr;
+  err = clEnqueueReadBuffer(q, d.warm_scratch.get(), CL_FALSE, 0, n, slot ? slot.get() : rep->data.data(), 0,
+                            nullptr, &read);
+  if (err != CL_SUCCESS) return failed(err, "clEnqueueReadBuffer");
   clFlush(q);
-  return ReplyLater([queue] {
-    cl_int err = clFinish(queue->get());
-    if (err != CL_SUCCESS) return ClError(err, "clFinish", "keepalive");
-    return Status::Ok();
-  });
+  // In order on its queue: the read done, the write of `source` is done too.
+  return ReplyWhenRead(read, std::move(slot), rep->data.data(), n, "keepalive", std::move(source));
 }
 
 }  // namespace tandem::server::opencl
