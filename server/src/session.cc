@@ -129,7 +129,10 @@ BatchOutcome Session::HandleBatch(std::span<const uint8_t> msg) {
     // A malformed batch is answered with one record (opcode 0, seq 0) and the session goes on.
     ReplyError(ir::Record{}, st, out);
   } else {
-    for (const ir::Record& rec : records) {
+    for (size_t i = 0; i < records.size(); ++i) {
+      const ir::Record& rec = records[i];
+      // Late replies run after the batch, in order: this command's would run next.
+      backend_->set_wait_runs_next(i + 1 == records.size() && late_.empty() && waiter_idle_ && waiter_idle_());
       if (Handler h = Table().Find(rec.header.opcode)) {
         (this->*h)(rec, out);
       } else {
@@ -138,6 +141,7 @@ BatchOutcome Session::HandleBatch(std::span<const uint8_t> msg) {
       }
       if (goodbye_) break;
     }
+    backend_->set_wait_runs_next(false);
   }
   outcome.goodbye = goodbye_;
   outcome.reply = WithOutput(out);

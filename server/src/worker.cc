@@ -286,8 +286,11 @@ class Waiter {
     // Detached: a wait on a user event that is never set must not hold the process at exit.
     std::thread([this] { Loop(); }).detach();
   }
+  // Nothing queued or running. Exact for the thread that pushes: only it adds work.
+  bool Idle() const { return pending_.load() == 0; }
   void Push(std::vector<LateReply> late) {
     std::lock_guard<std::mutex> lock(mu_);
+    pending_.fetch_add(late.size());
     for (auto& l : late) queue_.push_back(std::move(l));
     ready_.store(true, std::memory_order_release);
     cv_.notify_one();
@@ -306,6 +309,7 @@ class Waiter {
         ready_.store(!queue_.empty(), std::memory_order_relaxed);
       }
       link_->Send(next());
+      pending_.fetch_sub(1);
     }
   }
 
@@ -314,6 +318,7 @@ class Waiter {
   std::condition_variable cv_;
   std::deque<LateReply> queue_;
   std::atomic<bool> ready_{false};  // queue_ is not empty (written under mu_)
+  std::atomic<size_t> pending_{0};  // pushed and not yet sent: queued or running
 };
 
 // The executor: a queue of request batches run one at a time, in arrival order.
@@ -327,6 +332,7 @@ class Executor {
   ~Executor() { Stop(); }
 
   void Start() {
+    session_->set_waiter_idle([this] { return waiter_.Idle(); });
     waiter_.Start();
     thread_ = std::thread([this] { Loop(); });
   }

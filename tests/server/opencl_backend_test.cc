@@ -8,6 +8,7 @@
 #include <cstring>
 #include <numeric>
 #include <set>
+#include <thread>
 
 #include "opencl_backend.h"
 #include "tandem/server/backend.h"
@@ -247,6 +248,45 @@ TEST_F(OpenCLBackendTest, WarmWithoutAFreeReadSlot) {
     EXPECT_TRUE(r.ok()) << r.ToString();
     EXPECT_TRUE(std::equal(held[i].rep->data.begin(), held[i].rep->data.end(), data.begin() + i * 64)) << "read " << i;
   }
+  be_->AllowDeferredReplies(false);
+}
+
+// When a deferred synchronize is the waiter's next action, the executor leaves the queue
+// unflushed and its clFinish, run on another thread as the waiter runs it, flushes it: the
+// copy before it is done, and a read back of its destination gets the copied bytes.
+TEST_F(OpenCLBackendTest, WaitThatRunsNextFlushesItsOwnQueue) {
+  Alloc(1, 4096);
+  Alloc(2, 4096);
+  ir::bytes data(4096);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(i * 7 + 3);
+  ASSERT_TRUE(Write(1, 0, data).ok());
+  be_->AllowDeferredReplies(true);
+  auto wait_elsewhere = [](std::function<Status()> wait) {
+    Status st;
+    std::thread([&] { st = wait(); }).join();
+    return st;
+  };
+  for (uint64_t round = 0; round < 3; ++round) {
+    be_->set_wait_runs_next(false);
+    ir::BufferCopyRep crep;
+    ASSERT_TRUE(be_->OnBufferCopy({0, 1, 0, 2, 0, 4096, {}, 0}, &crep).ok());
+    be_->set_wait_runs_next(true);
+    ir::StreamSyncRep srep;
+    ASSERT_TRUE(be_->OnStreamSync({0}, &srep).ok());
+    auto sync = be_->TakeDeferredReply();
+    ASSERT_TRUE(sync);
+    Status st = wait_elsewhere(std::move(sync));
+    ASSERT_TRUE(st.ok()) << st.ToString();
+
+    ir::BufferReadRep rep;
+    ASSERT_TRUE(be_->OnBufferRead({0, 2, 64 * round, 64, {}, {}, 0}, &rep).ok());
+    auto read = be_->TakeDeferredReply();
+    ASSERT_TRUE(read);
+    st = wait_elsewhere(std::move(read));
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    EXPECT_TRUE(std::equal(rep.data.begin(), rep.data.end(), data.begin() + 64 * round)) << "round " << round;
+  }
+  be_->set_wait_runs_next(false);
   be_->AllowDeferredReplies(false);
 }
 

@@ -227,5 +227,44 @@ TEST_F(SessionTest, GoodbyeEndsTheBatch) {
   EXPECT_TRUE(out.reply.empty());
 }
 
+// A backend whose synchronize defers its reply and notes whether the session said that the
+// deferred wait runs next (Backend::set_wait_runs_next).
+class DeferringBackend : public test::MemoryBackend {
+ public:
+  std::vector<bool> seen;
+  Status OnStreamSync(const ir::StreamSyncReq&, ir::StreamSyncRep*) override {
+    seen.push_back(wait_runs_next());
+    return ReplyLater([] { return Status::Ok(); });
+  }
+};
+
+// Only the last command of a batch, with no late reply before it and the waiter idle, is
+// told that its wait runs next: anything else must flush before deferring.
+TEST(SessionWaitRunsNext, OnlyTheLastCommandWithAnIdleWaiter) {
+  DeferringBackend backend;
+  Session session(&backend, kKey, /*defer_replies=*/true);
+  bool idle = true;
+  auto run = [&](std::vector<ir::StreamSyncReq> syncs, bool alloc_first) {
+    ir::BatchWriter w(ir::BatchKind::kRequests);
+    uint64_t seq = 1;
+    if (alloc_first) w.AddRequest(ir::AttachReq{kKey}, seq++);
+    for (const auto& s : syncs) w.AddRequest(s, seq++);
+    backend.seen.clear();
+    return session.HandleBatch(w.Finish()).late.size();
+  };
+  // No waiter_idle yet: never.
+  EXPECT_EQ(run({ir::StreamSyncReq{0}}, true), 1u);
+  EXPECT_EQ(backend.seen, std::vector<bool>{false});
+  session.set_waiter_idle([&] { return idle; });
+  EXPECT_EQ(run({ir::StreamSyncReq{0}}, false), 1u);
+  EXPECT_EQ(backend.seen, std::vector<bool>{true});
+  // Two deferred replies: the first is not last, the second has one before it.
+  EXPECT_EQ(run({ir::StreamSyncReq{0}, ir::StreamSyncReq{0}}, false), 2u);
+  EXPECT_EQ(backend.seen, (std::vector<bool>{false, false}));
+  idle = false;
+  EXPECT_EQ(run({ir::StreamSyncReq{0}}, false), 1u);
+  EXPECT_EQ(backend.seen, std::vector<bool>{false});
+}
+
 }  // namespace
 }  // namespace tandem::server

@@ -260,6 +260,16 @@ void OpenCLBackend::Complete(Enqueue& e) {
   e.done = nullptr;
 }
 
+// A deferred clFinish's queue: submitted now, unless the wait runs next (Backend::wait_runs_next)
+// and its clFinish flushes the queue itself, from the thread that then waits. Through tandemd
+// on the H100 that took 2.7 us off a clFinish alone (9 of 10 paired rounds) and 0.8 us off an
+// empty kernel + clFinish (7 of 10). A read back keeps its flush: waited for with
+// clWaitForEvents, it gained nothing (5 of 10), and natively it was 0.1-0.4 us slower
+// unflushed (bench/experiments/opencl_flush_ab.sh, bench/results/2026-11-24-h100-g.md).
+void OpenCLBackend::FlushBeforeWait(cl_command_queue q) {
+  if (!wait_runs_next()) clFlush(q);
+}
+
 Status OpenCLBackend::WaitOnHost(Enqueue& e) {
   if (e.wait.empty()) return Status::Ok();
   cl_int err = clWaitForEvents(e.num_wait(), e.wait_list());
@@ -277,12 +287,16 @@ Status OpenCLBackend::FinishDevice(uint32_t device) {
 }
 
 // The queues are retained so the wait, run later off the executor, owns what it finishes.
+// The first one's clFinish flushes it when that is the waiter's next action (FlushBeforeWait).
 Status OpenCLBackend::FinishLater(std::vector<cl_command_queue> queues) {
   auto held = std::make_shared<std::vector<QueueRef>>();
   for (cl_command_queue q : queues) {
     clRetainCommandQueue(q);
     held->emplace_back(q);
-    clFlush(q);
+    if (held->size() == 1)
+      FlushBeforeWait(q);
+    else
+      clFlush(q);
   }
   return ReplyLater([held] {
     for (const QueueRef& q : *held) {

@@ -280,6 +280,7 @@ class OpenCLBackend : public Backend {
   Status WaitOnHost(Enqueue& e);
   Status FinishDevice(uint32_t device);
   Status FinishLater(std::vector<cl_command_queue> queues);
+  void FlushBeforeWait(cl_command_queue q);
   Result<cl_mem> SubBuffer(Buffer& b, uint64_t handle, const ir::bytes& range);
 
   // ---- memory (opencl_memory.cc) ----

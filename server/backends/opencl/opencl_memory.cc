@@ -145,7 +145,7 @@ Status OpenCLBackend::OnBufferRead(const ir::BufferReadReq& req, ir::BufferReadR
   cl_event read = e.done;
   clRetainEvent(read);
   Complete(e);
-  clFlush(e.queue);
+  clFlush(e.queue);  // even when the wait runs next: see FlushBeforeWait
   return ReplyWhenRead(read, std::move(slot), rep->data.data(), req.size, "read back");
 }
 

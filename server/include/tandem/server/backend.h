@@ -80,6 +80,14 @@ class Backend {
   // handle tables: it captures what it needs.
   void AllowDeferredReplies(bool allow) { defer_allowed_ = allow; }
   std::function<Status()> TakeDeferredReply() { return std::exchange(deferred_reply_, nullptr); }
+  // Set by the session before each command: true when a reply the command defers is the next
+  // thing that runs after it, with nothing run on the executor in between: the last command of
+  // its batch, no reply deferred before it in the batch, and the session's waiter idle (or the
+  // wait run in place). A backend whose wait flushes its queue itself (OpenCL's clFinish and
+  // clWaitForEvents) may then leave the flush to it. Otherwise it must flush first: a queue
+  // left unflushed while the waiter blocks in an earlier wait, on a command that waits for
+  // this queue's, might never start.
+  void set_wait_runs_next(bool next) { wait_runs_next_ = next; }
 
   // The source end of a cross-server event wait (ir EventExport): arranges for done(status)
   // to run exactly once, on any thread, when `event` completes (0) or fails (negative),
@@ -120,10 +128,12 @@ class Backend {
     deferred_reply_ = std::move(wait);
     return Status::Ok();
   }
+  bool wait_runs_next() const { return wait_runs_next_; }
   BulkIO* bulk_ = nullptr;
 
  private:
   bool defer_allowed_ = false;
+  bool wait_runs_next_ = false;
   std::function<Status()> deferred_reply_;
 };
 

@@ -110,6 +110,9 @@ class Session {
   // Told how long the client wants the worker's threads to keep looking for messages before
   // they sleep (Warm's spin_us; capped).
   void set_spin_hook(std::function<void(uint32_t spin_us)> hook) { spin_hook_ = std::move(hook); }
+  // Whether the thread that runs BatchOutcome::late has nothing left to run (any thread may
+  // ask; only HandleBatch's caller gives it work). Unset: never idle.
+  void set_waiter_idle(std::function<bool()> idle) { waiter_idle_ = std::move(idle); }
 
   // The dispatch table entry point for one command type (public so the table can name it).
   template <class Req>
@@ -180,6 +183,7 @@ class Session {
   Backend* backend_;
   PeerLink* peers_ = nullptr;
   std::function<void(uint32_t)> spin_hook_;
+  std::function<bool()> waiter_idle_;
   FaultInjection faults_;
   std::mutex flip_mu_;  // late replies flip on the waiter thread
   std::chrono::steady_clock::time_point next_flip_;  // with bitflip_per_s

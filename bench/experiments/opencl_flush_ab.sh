@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# OpenCL synchronous round trips, a base tree against the working tree, in one lease (GPU
+# machine, from the repository root): one OpenCL tandemd of each build, then ROUNDS
+# alternating runs of round_trip/ocl_loop (clFinish alone, an empty kernel + clFinish, a
+# blocking 8-byte read; p50 of 3000 each) through each, after native runs of the same and of
+# round_trip/ocl_sync_paths (how a wait split over two threads costs natively). The base is a
+# `git archive` tarball made before the run, e.g.
+#   git archive a50668a -o .scratch/base.tar
+#   device tool: run(command="bash bench/experiments/opencl_flush_ab.sh .scratch/base.tar", carry=[".deps", ".scratch"])
+# (behind the flush a deferred OpenCL wait leaves to itself when it runs next).
+set -u
+BASE_TAR=${1:?usage: opencl_flush_ab.sh BASE_TAR [ROUNDS]}
+ROUNDS=${2:-6}
+N=/tmp/flush-ab-new B=/tmp/flush-ab-base S=/tmp/flush-ab-base-src W=/tmp/flush-ab-work
+here=bench/experiments/round_trip
+source bench/experiments/lib.sh
+T="tandemd tandem tandem_opencl"
+rm -rf "$S" "$W" && mkdir -p "$S" "$W" && tar -xf "$BASE_TAR" -C "$S" && cp -r .deps "$S/" 2>/dev/null
+for tree in new base; do
+  src=.; out=$N
+  [[ $tree == base ]] && { src=$S; out=$B; }
+  cmake -S "$src" -B "$out" -G Ninja -DTANDEM_WERROR=OFF -DTANDEM_CUDA_PROGRAMS=OFF >"$W/cfg-$tree.log" 2>&1 &&
+    ninja -C "$out" $T >"$W/build-$tree.log" 2>&1 || { grep -E "error|FAILED" "$W/build-$tree.log" "$W/cfg-$tree.log" | head -20; exit 1; }
+done
+gcc -O2 -I.deps/include -o "$W/ocl_loop" $here/ocl_loop.c -lOpenCL &&
+  gcc -O2 -I.deps/include -o "$W/ocl_sync_paths" $here/ocl_sync_paths.c -lOpenCL -lpthread || exit 1
+experiment_env "$W"
+declare -A addr
+for tree in new base; do
+  build=$N; [[ $tree == base ]] && build=$B
+  start_experiment_server "$build/server/tandemd" opencl "$W/tandemd-$tree.log" >"$W/addr"
+  addr[$tree]=$(cat "$W/addr")
+done
+sleep 2
+loops() {  # loops [TANDEM RUN PREFIX...]: the three loops' p50s on one line
+  local m line=""
+  for m in idle launch read; do line+="$(timeout 60 "$@" "$W/ocl_loop" $m 2>/dev/null | sed 's/ p10.*//')  "; done
+  echo "$line"
+}
+export OCL_ICD_VENDORS=$vendors OCL_ICD_FILENAMES=$libs
+"$W/ocl_sync_paths" 3000 3 | sed 's/^/== native sync paths: /'
+echo "== native: $(loops)"
+for round in $(seq "$ROUNDS"); do
+  for tree in base new; do
+    build=$N; [[ $tree == base ]] && build=$B
+    echo "== $tree $round: $(loops "$build/tools/tandem" run --servers "${addr[$tree]}" --)"
+  done
+done
