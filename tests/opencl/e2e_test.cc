@@ -41,6 +41,7 @@ class Tandem : public ::testing::Test {
     start_error_ = g_server->Start();
     std::atexit([] { g_server->Stop(); });
     if (start_error_.empty()) PointLoaderAtTandem(g_server->address());
+    Watchdog::Install([] { return "the server's log:\n" + g_server->log(); }, [] { g_server->Stop(); });
   }
 
   void SetUp() override {

@@ -4,6 +4,7 @@
 
 #include <CL/cl.h>
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -16,6 +17,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -106,6 +109,56 @@ class Server {
  private:
   pid_t pid_ = 0;
   std::string address_, log_;
+};
+
+// Ends the process when one test has run for TANDEM_TEST_WATCHDOG_S (default 90 s, under
+// ctest's timeout), printing the test's name and `context()` (the servers' logs) first, so a
+// hang says where it was instead of only "Timeout"; `stop()` then ends the servers (exit
+// handlers are skipped: the client's would wait on the hung session).
+class Watchdog : public ::testing::EmptyTestEventListener {
+ public:
+  static void Install(std::function<std::string()> context, std::function<void()> stop) {
+    static Watchdog* dog = nullptr;
+    if (dog) return;
+    dog = new Watchdog(std::move(context), std::move(stop));  // lives until exit, as gtest's listeners do
+    ::testing::UnitTest::GetInstance()->listeners().Append(dog);
+    std::thread([] { dog->Watch(); }).detach();
+  }
+
+ private:
+  Watchdog(std::function<std::string()> context, std::function<void()> stop)
+      : context_(std::move(context)), stop_(std::move(stop)) {
+    const char* v = std::getenv("TANDEM_TEST_WATCHDOG_S");
+    if (v && std::atoi(v) > 0) limit_ = std::chrono::seconds(std::atoi(v));
+  }
+  void OnTestStart(const ::testing::TestInfo& t) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    name_ = std::string(t.test_suite_name()) + "." + t.name();
+    started_ = std::chrono::steady_clock::now();
+  }
+  void OnTestEnd(const ::testing::TestInfo&) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    name_.clear();
+  }
+  void Watch() {
+    for (;;) {
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+      std::lock_guard<std::mutex> lock(mu_);
+      if (name_.empty() || std::chrono::steady_clock::now() - started_ < limit_) continue;
+      fprintf(stderr, "watchdog: %s has run for %lld s; giving up. %s\n", name_.c_str(),
+              static_cast<long long>(limit_.count()), context_().c_str());
+      fflush(stderr);
+      stop_();
+      std::_Exit(3);
+    }
+  }
+
+  std::function<std::string()> context_;
+  std::function<void()> stop_;
+  std::chrono::seconds limit_{90};
+  std::mutex mu_;
+  std::string name_;
+  std::chrono::steady_clock::time_point started_;
 };
 
 // The Tandem platform, as the loader lists it.

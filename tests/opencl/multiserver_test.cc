@@ -37,6 +37,12 @@ class MultiServer : public ::testing::Test {
     });
     // The first device of each server (a GPU machine's servers also list PoCL's CPU device).
     if (start_error_.empty()) PointLoaderAtTandem(g_servers[0].address() + "/0," + g_servers[1].address() + "/0");
+    Watchdog::Install(
+        [] { return "first server's log:\n" + g_servers[0].log() + "second server's log:\n" + g_servers[1].log(); },
+        [] {
+          g_servers[0].Stop();
+          g_servers[1].Stop();
+        });
   }
 
   void SetUp() override {
