@@ -9,16 +9,8 @@
 set -u
 BASE_TAR=${1:?usage: idle_ab.sh BASE_TAR [ROUNDS]}
 ROUNDS=${2:-4}
-N=/tmp/idle-ab-new B=/tmp/idle-ab-base S=/tmp/idle-ab-base-src W=/tmp/idle-ab-work
 source bench/experiments/lib.sh
-T="tandemd tandem tandem_cudart tandem_opencl opencl_bench tandem_cuda_bench"
-rm -rf "$S" "$W" && mkdir -p "$S" "$W" && tar -xf "$BASE_TAR" -C "$S" && cp -r .deps "$S/" 2>/dev/null
-for tree in new base; do
-  src=.; out=$N
-  [[ $tree == base ]] && { src=$S; out=$B; }
-  cmake -S "$src" -B "$out" -G Ninja -DTANDEM_WERROR=OFF >"$W/cfg-$tree.log" 2>&1 && ninja -C "$out" $T >"$W/build-$tree.log" 2>&1 ||
-    { grep -E "error|FAILED" "$W/build-$tree.log" "$W/cfg-$tree.log" | head -20; exit 1; }
-done
+build_ab "$BASE_TAR" /tmp/idle-ab "tandemd tandem tandem_cudart tandem_opencl opencl_bench tandem_cuda_bench" || exit 1
 experiment_env "$W"
 declare -A addr
 for tree in new base; do

@@ -1,9 +1,29 @@
 # shellcheck shell=bash
-# Sourced by the idle read-back experiments (idle_ab.sh, keepalive_interval.sh): tandemd
+# Sourced by the A/B and idle read-back experiments (idle_ab.sh, opencl_flush_ab.sh,
+# keepalive_interval.sh): two builds to compare, tandemd
 # servers on loopback that use this machine's own OpenCL (NVIDIA's on the GPU machine), and
 # the rows of cuda_bench / opencl_bench --idle on one line.
 source scripts/lib/tandemd.sh
 source scripts/lib/opencl-vendors.sh
+
+# build_ab BASE_TAR PREFIX TARGETS [CMAKE ARGS...]: builds TARGETS (space-separated) of the
+# working tree into PREFIX-new and of the base tarball (unpacked into PREFIX-base-src) into
+# PREFIX-base, logs in PREFIX-work, which it empties first. Sets N, B and W to those.
+build_ab() {
+  local tar=$1 prefix=$2 targets=$3 tree src out s
+  shift 3
+  N=$prefix-new B=$prefix-base W=$prefix-work s=$prefix-base-src
+  rm -rf "$s" "$W" && mkdir -p "$s" "$W" && tar -xf "$tar" -C "$s" || return 1
+  cp -r .deps "$s/" 2>/dev/null
+  for tree in new base; do
+    src=.; out=$N
+    [[ $tree == base ]] && { src=$s; out=$B; }
+    # shellcheck disable=SC2086 # TARGETS is a list
+    cmake -S "$src" -B "$out" -G Ninja -DTANDEM_WERROR=OFF "$@" >"$W/cfg-$tree.log" 2>&1 &&
+      ninja -C "$out" $targets >"$W/build-$tree.log" 2>&1 ||
+      { grep -E "error|FAILED" "$W/build-$tree.log" "$W/cfg-$tree.log" | head -20; return 1; }
+  done
+}
 
 # experiment_env WORKDIR: the native OpenCL's vendors and libraries, a PoCL cache, and no
 # lost-server verdict across the 100 ms gaps.

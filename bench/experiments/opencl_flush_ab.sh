@@ -11,17 +11,9 @@
 set -u
 BASE_TAR=${1:?usage: opencl_flush_ab.sh BASE_TAR [ROUNDS]}
 ROUNDS=${2:-6}
-N=/tmp/flush-ab-new B=/tmp/flush-ab-base S=/tmp/flush-ab-base-src W=/tmp/flush-ab-work
 here=bench/experiments/round_trip
 source bench/experiments/lib.sh
-T="tandemd tandem tandem_opencl"
-rm -rf "$S" "$W" && mkdir -p "$S" "$W" && tar -xf "$BASE_TAR" -C "$S" && cp -r .deps "$S/" 2>/dev/null
-for tree in new base; do
-  src=.; out=$N
-  [[ $tree == base ]] && { src=$S; out=$B; }
-  cmake -S "$src" -B "$out" -G Ninja -DTANDEM_WERROR=OFF -DTANDEM_CUDA_PROGRAMS=OFF >"$W/cfg-$tree.log" 2>&1 &&
-    ninja -C "$out" $T >"$W/build-$tree.log" 2>&1 || { grep -E "error|FAILED" "$W/build-$tree.log" "$W/cfg-$tree.log" | head -20; exit 1; }
-done
+build_ab "$BASE_TAR" /tmp/flush-ab "tandemd tandem tandem_opencl" -DTANDEM_CUDA_PROGRAMS=OFF || exit 1
 gcc -O2 -I.deps/include -o "$W/ocl_loop" $here/ocl_loop.c -lOpenCL &&
   gcc -O2 -I.deps/include -o "$W/ocl_sync_paths" $here/ocl_sync_paths.c -lOpenCL -lpthread || exit 1
 experiment_env "$W"

@@ -251,43 +251,101 @@ TEST_F(OpenCLBackendTest, WarmWithoutAFreeReadSlot) {
   be_->AllowDeferredReplies(false);
 }
 
-// When a deferred synchronize is the waiter's next action, the executor leaves the queue
-// unflushed and its clFinish, run on another thread as the waiter runs it, flushes it: the
-// copy before it is done, and a read back of its destination gets the copied bytes.
+// When a deferred synchronize is the waiter's next action, the executor leaves the first
+// queue it finishes unflushed, and its clFinish, run on another thread as the waiter runs it,
+// must flush it: once that wait returns, what came before it is complete (queried without
+// any other flush): a kernel that runs for tens of milliseconds and copies, on the default
+// queue and on a stream; and a read back sees the copied bytes.
 TEST_F(OpenCLBackendTest, WaitThatRunsNextFlushesItsOwnQueue) {
+  ASSERT_EQ(Build(70, R"CLC(
+__kernel void spin(__global int* out, int n) {
+  int x = 1;
+  for (int i = 0; i < n; ++i) x = x * 1664525 + 1013904223;
+  out[0] = x;
+})CLC")
+                .status,
+            CL_SUCCESS);
+  ir::FunctionGetRep frep;
+  ASSERT_TRUE(be_->OnFunctionGet({71, 70, "spin"}, &frep).ok());
   Alloc(1, 4096);
   Alloc(2, 4096);
+  Alloc(3, 4096);
+  Alloc(4, 64);
+  ir::LaunchReq spin;
+  spin.function = 71;
+  spin.dims = 1;
+  spin.grid = {1};
+  const int32_t iterations = 20'000'000;
+  const auto* n_bytes = reinterpret_cast<const uint8_t*>(&iterations);
+  spin.args = {{static_cast<uint32_t>(ir::ArgKind::kBuffer), 4, {}},
+               {static_cast<uint32_t>(ir::ArgKind::kBytes), 0, ir::bytes(n_bytes, n_bytes + 4)}};
   ir::bytes data(4096);
   for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(i * 7 + 3);
   ASSERT_TRUE(Write(1, 0, data).ok());
+  ir::StreamCreateRep screp;
+  ASSERT_TRUE(be_->OnStreamCreate({50, 0, 0, 0}, &screp).ok());
   be_->AllowDeferredReplies(true);
   auto wait_elsewhere = [](std::function<Status()> wait) {
     Status st;
     std::thread([&] { st = wait(); }).join();
     return st;
   };
+  auto complete = [&](uint64_t event) {
+    ir::EventQueryRep q;
+    EXPECT_TRUE(be_->OnEventQuery({event}, &q).ok());
+    return q.status == CL_COMPLETE;
+  };
   for (uint64_t round = 0; round < 3; ++round) {
+    const uint64_t on_default = 100 + 10 * round, on_stream = on_default + 1, again = on_default + 2;
+    const uint64_t spun = on_default + 3;
     be_->set_wait_runs_next(false);
+    spin.signal = spun;
+    ir::LaunchRep lrep;
+    ASSERT_TRUE(be_->OnLaunch(spin, &lrep).ok());
     ir::BufferCopyRep crep;
-    ASSERT_TRUE(be_->OnBufferCopy({0, 1, 0, 2, 0, 4096, {}, 0}, &crep).ok());
+    ASSERT_TRUE(be_->OnBufferCopy({0, 1, 0, 2, 0, 4096, {}, on_default}, &crep).ok());
+    ASSERT_TRUE(be_->OnBufferCopy({50, 1, 0, 3, 0, 4096, {}, on_stream}, &crep).ok());
+    // The device's queues, the default one first: that one is left to the wait.
     be_->set_wait_runs_next(true);
-    ir::StreamSyncRep srep;
-    ASSERT_TRUE(be_->OnStreamSync({0}, &srep).ok());
+    ir::DeviceSyncRep dsrep;
+    ASSERT_TRUE(be_->OnDeviceSync({0}, &dsrep).ok());
     auto sync = be_->TakeDeferredReply();
     ASSERT_TRUE(sync);
     Status st = wait_elsewhere(std::move(sync));
     ASSERT_TRUE(st.ok()) << st.ToString();
+    EXPECT_TRUE(complete(spun)) << "round " << round;
+    EXPECT_TRUE(complete(on_default)) << "round " << round;
+    EXPECT_TRUE(complete(on_stream)) << "round " << round;
 
+    // One stream's synchronize: its only queue is left to the wait.
+    be_->set_wait_runs_next(false);
+    spin.stream = 50;
+    spin.signal = spun + 1;
+    ASSERT_TRUE(be_->OnLaunch(spin, &lrep).ok());
+    spin.stream = 0;
+    ASSERT_TRUE(be_->OnBufferCopy({50, 2, 0, 3, 0, 4096, {}, again}, &crep).ok());
+    be_->set_wait_runs_next(true);
+    ir::StreamSyncRep ssrep;
+    ASSERT_TRUE(be_->OnStreamSync({50}, &ssrep).ok());
+    auto stream_sync = be_->TakeDeferredReply();
+    ASSERT_TRUE(stream_sync);
+    st = wait_elsewhere(std::move(stream_sync));
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    EXPECT_TRUE(complete(spun + 1)) << "round " << round;
+    EXPECT_TRUE(complete(again)) << "round " << round;
+
+    be_->set_wait_runs_next(false);
     ir::BufferReadRep rep;
-    ASSERT_TRUE(be_->OnBufferRead({0, 2, 64 * round, 64, {}, {}, 0}, &rep).ok());
+    ASSERT_TRUE(be_->OnBufferRead({0, 3, 64 * round, 64, {}, {}, 0}, &rep).ok());
     auto read = be_->TakeDeferredReply();
     ASSERT_TRUE(read);
     st = wait_elsewhere(std::move(read));
     ASSERT_TRUE(st.ok()) << st.ToString();
     EXPECT_TRUE(std::equal(rep.data.begin(), rep.data.end(), data.begin() + 64 * round)) << "round " << round;
   }
-  be_->set_wait_runs_next(false);
   be_->AllowDeferredReplies(false);
+  ir::StreamDestroyRep sdrep;
+  EXPECT_TRUE(be_->OnStreamDestroy({50}, &sdrep).ok());
 }
 
 // The pool itself: 16 distinct slots, none when all are out, each back when its last

@@ -261,6 +261,12 @@ TEST(SessionWaitRunsNext, OnlyTheLastCommandWithAnIdleWaiter) {
   // Two deferred replies: the first is not last, the second has one before it.
   EXPECT_EQ(run({ir::StreamSyncReq{0}, ir::StreamSyncReq{0}}, false), 2u);
   EXPECT_EQ(backend.seen, (std::vector<bool>{false, false}));
+  // Outside a batch (after one whose last command was told) the backend is not told.
+  EXPECT_EQ(run({ir::StreamSyncReq{0}}, false), 1u);
+  ir::StreamSyncRep rep;
+  ASSERT_TRUE(backend.OnStreamSync({0}, &rep).ok());
+  EXPECT_EQ(backend.seen, (std::vector<bool>{true, false}));
+  (void)backend.TakeDeferredReply();
   idle = false;
   EXPECT_EQ(run({ir::StreamSyncReq{0}}, false), 1u);
   EXPECT_EQ(backend.seen, std::vector<bool>{false});

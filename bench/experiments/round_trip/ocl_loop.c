@@ -2,19 +2,8 @@
  * an empty kernel's enqueue and clFinish (the benchmark's ocl_enqueue_finish), or a blocking
  * 8-byte read back; prints the p50.
  * Set-up and error checks are the OpenCL examples' (examples/opencl/common.h). */
-#include <time.h>
-
 #include "../../../examples/opencl/common.h"
-
-static double now_us(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
-}
-static int cmp(const void* a, const void* b) {
-  double x = *(const double*)a, y = *(const double*)b;
-  return x < y ? -1 : x > y;
-}
+#include "timing.h"
 
 int main(int argc, char** argv) {
   const char* mode = argc > 1 ? argv[1] : "idle";
@@ -45,7 +34,7 @@ int main(int argc, char** argv) {
     t[i] = now_us() - t0;
     EXPECT(!read || got == pattern);
   }
-  qsort(t, (size_t)n, sizeof(double), cmp);
+  sort_samples(t, n);
   printf("%s: p50 %.1f us p10 %.1f p90 %.1f\n", mode, t[n / 2], t[n / 10], t[9 * n / 10]);
   free(t);
   clReleaseMemObject(buf);

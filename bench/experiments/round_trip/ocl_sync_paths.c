@@ -3,8 +3,9 @@
  *   one-finish     enqueue, clFinish on the same thread (what a program does)
  *   one-poll       enqueue with an event, clFlush, poll the event's status on the same thread
  *   one-wait       enqueue with an event, clFlush, clWaitForEvents on the same thread
- *   two-finish     enqueue, clFlush, clFinish on a second, spinning thread (tandemd today)
- *   two-noflush    enqueue, clFinish on the second thread (no flush first)
+ *   two-finish     enqueue, clFlush, clFinish on a second, spinning thread (tandemd,
+ *                  unless the wait runs next)
+ *   two-noflush    enqueue, clFinish on the second thread (tandemd when the wait runs next)
  *   two-poll       enqueue with an event, clFlush, the second thread polls the event
  * and for an 8-byte read back into mapped host memory (tandemd's read slots):
  *   read-one       a blocking read on the same thread
@@ -13,19 +14,9 @@
  * Set-up and error checks are the OpenCL examples' (examples/opencl/common.h). */
 #include <pthread.h>
 #include <stdatomic.h>
-#include <time.h>
 
 #include "../../../examples/opencl/common.h"
-
-static double now_us(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
-}
-static int cmp(const void* a, const void* b) {
-  double x = *(const double*)a, y = *(const double*)b;
-  return x < y ? -1 : x > y;
-}
+#include "timing.h"
 
 enum { kFinish = 1, kPoll = 2, kWait = 3 };
 static example_env env;
@@ -105,7 +96,7 @@ static double run(const char* way, int n) {
     t[i] = now_us() - t0;
     if (e) clReleaseEvent(e);
   }
-  qsort(t, (size_t)n, sizeof(double), cmp);
+  sort_samples(t, n);
   printf("%-12s p50 %6.1f us  p10 %6.1f  p90 %6.1f\n", way, t[n / 2], t[n / 10], t[9 * n / 10]);
   double p50 = t[n / 2];
   free(t);

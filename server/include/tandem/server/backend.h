@@ -86,7 +86,9 @@ class Backend {
   // wait run in place). A backend whose wait flushes its queue itself (OpenCL's clFinish and
   // clWaitForEvents) may then leave the flush to it. Otherwise it must flush first: a queue
   // left unflushed while the waiter blocks in an earlier wait, on a command that waits for
-  // this queue's, might never start.
+  // this queue's, might never start. The flag holds for all of the command's backend calls,
+  // so a backend that leaves a flush to its wait must defer that wait as the command's last
+  // act and block on nothing after it (OpenCL's FinishLater does).
   void set_wait_runs_next(bool next) { wait_runs_next_ = next; }
 
   // The source end of a cross-server event wait (ir EventExport): arranges for done(status)
