@@ -348,6 +348,34 @@ __kernel void spin(__global int* out, int n) {
   EXPECT_TRUE(be_->OnStreamDestroy({50}, &sdrep).ok());
 }
 
+// A command whose wait list holds an event that has already failed is not enqueued (PoCL
+// 3.1 would leave it queued forever, and a wait on it with it): it fails at once, whether
+// that event is a user event set to an error or a command that failed with one.
+TEST_F(OpenCLBackendTest, CommandAfterAFailedEventFailsInsteadOfHanging) {
+  Alloc(1, 64);
+  ir::EventCreateRep erep;
+  ASSERT_TRUE(be_->OnEventCreate({80, 0, ir::kEventUser}, &erep).ok());
+  ir::MarkerRep mrep;
+  ASSERT_TRUE(be_->OnMarker({0, 0, {80}, 81}, &mrep).ok());  // enqueued before the failure: fails with it
+  ir::UserEventSetRep urep;
+  ASSERT_TRUE(be_->OnUserEventSet({80, -42}, &urep).ok());
+  ir::EventWaitRep wrep;
+  ASSERT_TRUE(be_->OnEventWait({{81}}, &wrep).ok());
+  ASSERT_EQ(wrep.statuses.size(), 1u);
+  EXPECT_LT(wrep.statuses[0], 0);
+  for (uint64_t failed : {80, 81}) {
+    ir::BufferWriteRep w;
+    Status st = be_->OnBufferWrite({0, 1, 0, 4, {1, 2, 3, 4}, {}, {failed}, 82}, &w);
+    EXPECT_EQ(st.native(), CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST) << "after event " << failed << ": " << st.ToString();
+    ir::MarkerRep m;
+    st = be_->OnMarker({0, 1, {failed}, 0}, &m);
+    EXPECT_EQ(st.native(), CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST) << "after event " << failed << ": " << st.ToString();
+  }
+  // Nothing was left queued: the default queue still serves.
+  ASSERT_TRUE(Write(1, 0, {9, 9, 9, 9}).ok());
+  EXPECT_EQ(Read(1, 0, 4), (ir::bytes{9, 9, 9, 9}));
+}
+
 // The pool itself: 16 distinct slots, none when all are out, each back when its last
 // reference goes (copies included), and a slot still out keeps the pool mapped.
 TEST(ReadSlotsPool, TakeUntilEmptyAndGiveBack) {

@@ -236,6 +236,21 @@ Status OpenCLBackend::Prepare(uint64_t stream, uint32_t device, const ir::u64s& 
     cl_event ce = ev.value()->event.get();
     if (!ce) continue;  // never signalled: complete
     if (ev.value()->device == device) {
+      // A command enqueued after an event of its wait list failed never runs nor ends on PoCL
+      // (3.1: it stays CL_QUEUED; one that was enqueued before the failure fails with it).
+      // Through Tandem that order is not the program's alone: a user event's failure is set
+      // from the receive thread and an imported event's when the other server answers, both
+      // possibly before the executor reaches a command the program enqueued earlier. Such a
+      // command is not enqueued: it fails here, as OpenCL has it fail, and its signal with it.
+      // (An event that fails between this look and the enqueue is not caught.)
+      cl_int status = CL_COMPLETE;
+      cl_int err = clGetEventInfo(ce, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, nullptr);
+      if (err != CL_SUCCESS) return ClError(err, "clGetEventInfo", fmt::format("event {:#x} of the wait list", h));
+      if (status < 0)
+        return ClError(CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST, "enqueue",
+                       fmt::format("event {:#x} of the wait list failed (status {}) before the command was enqueued; "
+                                   "it does not run",
+                                   h, status));
       e->wait.push_back(ce);
       continue;
     }
