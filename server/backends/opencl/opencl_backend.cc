@@ -237,7 +237,8 @@ Status OpenCLBackend::Prepare(uint64_t stream, uint32_t device, const ir::u64s& 
     if (!ce) continue;  // never signalled: complete
     if (ev.value()->device == device) {
       // A command enqueued after an event of its wait list failed never runs nor ends on PoCL
-      // (3.1: it stays CL_QUEUED; one that was enqueued before the failure fails with it).
+      // (3.1 and 5.0: it stays CL_QUEUED, while one enqueued before the failure fails with it;
+      // NVIDIA's OpenCL refuses the enqueue; bench/experiments/failed_wait_list.c).
       // Through Tandem that order is not the program's alone: a user event's failure is set
       // from the receive thread and an imported event's when the other server answers, both
       // possibly before the executor reaches a command the program enqueued earlier. Such a
