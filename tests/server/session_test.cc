@@ -244,10 +244,10 @@ TEST(SessionWaitRunsNext, OnlyTheLastCommandWithAnIdleWaiter) {
   DeferringBackend backend;
   Session session(&backend, kKey, /*defer_replies=*/true);
   bool idle = true;
-  auto run = [&](std::vector<ir::StreamSyncReq> syncs, bool alloc_first) {
+  auto run = [&](std::vector<ir::StreamSyncReq> syncs, bool attach_first) {
     ir::BatchWriter w(ir::BatchKind::kRequests);
     uint64_t seq = 1;
-    if (alloc_first) w.AddRequest(ir::AttachReq{kKey}, seq++);
+    if (attach_first) w.AddRequest(ir::AttachReq{kKey}, seq++);
     for (const auto& s : syncs) w.AddRequest(s, seq++);
     backend.seen.clear();
     return session.HandleBatch(w.Finish()).late.size();
