@@ -201,12 +201,36 @@ Status PostAndWait(Session& s, uint16_t opcode, std::vector<uint8_t> payload, st
   // A Completion: with keepalive on, the caller looks for the reply a moment before sleeping
   // (a synchronize's wake-up from the kernel costs as much as its round trip's tail).
   auto done = std::make_shared<Completion>();
-  s.PostRaw(opcode, std::move(payload),
-            [done](const Status& st, std::span<const uint8_t> fields) { done->Set(st, fields); });
+  const uint64_t seq =
+      s.PostRaw(opcode, std::move(payload), [done](const Status& st, std::span<const uint8_t> fields) {
+        done->Set(st, fields);
+      });
+  s.AllowInline(seq);
   s.Flush();
   Status st = done->Wait();
   if (reply_fields) *reply_fields = std::move(done->fields());
   return st;
+}
+
+void SessionImpl::AllowInline(uint64_t seq) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (pending_.count(seq)) inline_ok_.insert(seq);
+}
+
+bool SessionImpl::InlineSafe(std::span<const uint8_t> msg) const {
+  std::vector<ir::Record> records;
+  if (!ir::ParseBatch(msg, ir::BatchKind::kReplies, &records).ok()) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const ir::Record& rec : records) {
+    const auto op = static_cast<ir::Opcode>(rec.header.opcode);
+    if (rec.header.seq == 0) {
+      if (op != ir::Opcode::kOutput && op != ir::Opcode::kAck) return false;  // a refusal of a Resume
+      continue;
+    }
+    if (op == ir::Opcode::kResume) return false;
+    if (pending_.count(rec.header.seq) && !inline_ok_.count(rec.header.seq)) return false;
+  }
+  return true;
 }
 
 Status SessionImpl::CallRaw(uint16_t opcode, std::vector<uint8_t> payload, std::vector<uint8_t>* reply_fields) {
@@ -309,6 +333,7 @@ void SessionImpl::OnMessage(std::span<const uint8_t> msg) {
       if (it != pending_.end()) {
         fn = std::move(it->second);
         pending_.erase(it);
+        inline_ok_.erase(rec.header.seq);
       }
     }
     if (!hs.ok()) {
@@ -546,6 +571,7 @@ bool SessionImpl::Close(const Status& why) {
     if (!health_.ok()) return false;
     health_ = why;
     failed.swap(pending_);
+    inline_ok_.clear();
   }
   for (auto& [seq, fn] : failed) fn(why, {});
   return true;
