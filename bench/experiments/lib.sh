@@ -6,23 +6,34 @@
 source scripts/lib/tandemd.sh
 source scripts/lib/opencl-vendors.sh
 
-# build_ab BASE_TAR PREFIX TARGETS [CMAKE ARGS...]: builds TARGETS (space-separated) of the
-# working tree into PREFIX-new and of the base tarball (unpacked into PREFIX-base-src) into
-# PREFIX-base, logs in PREFIX-work, which it empties first. Sets N, B and W to those.
+# build_tree SRC OUT LOGDIR NAME TARGETS [CMAKE ARGS...]: configures and builds TARGETS
+# (space-separated) of the tree at SRC into OUT, logs in LOGDIR/{cfg,build}-NAME.log.
+build_tree() {
+  local src=$1 out=$2 logs=$3 name=$4 targets=$5
+  shift 5
+  # shellcheck disable=SC2086 # TARGETS is a list
+  cmake -S "$src" -B "$out" -G Ninja -DTANDEM_WERROR=OFF "$@" >"$logs/cfg-$name.log" 2>&1 &&
+    ninja -C "$out" $targets >"$logs/build-$name.log" 2>&1 ||
+    { grep -E "error|FAILED" "$logs/build-$name.log" "$logs/cfg-$name.log" | head -20; return 1; }
+}
+
+# unpack_tree TAR DIR: a `git archive` tarball into DIR (emptied first), with the working
+# tree's .deps (the CL headers).
+unpack_tree() {
+  rm -rf "$2" && mkdir -p "$2" && tar -xf "$1" -C "$2" || return 1
+  cp -r .deps "$2/" 2>/dev/null
+  return 0
+}
+
+# build_ab BASE_TAR PREFIX TARGETS [CMAKE ARGS...]: builds TARGETS of the working tree into
+# PREFIX-new and of the base tarball (unpacked into PREFIX-base-src) into PREFIX-base, logs
+# in PREFIX-work, which it empties first. Sets N, B and W to those.
 build_ab() {
-  local tar=$1 prefix=$2 targets=$3 tree src out s
+  local tar=$1 prefix=$2 targets=$3
   shift 3
-  N=$prefix-new B=$prefix-base W=$prefix-work s=$prefix-base-src
-  rm -rf "$s" "$W" && mkdir -p "$s" "$W" && tar -xf "$tar" -C "$s" || return 1
-  cp -r .deps "$s/" 2>/dev/null
-  for tree in new base; do
-    src=.; out=$N
-    [[ $tree == base ]] && { src=$s; out=$B; }
-    # shellcheck disable=SC2086 # TARGETS is a list
-    cmake -S "$src" -B "$out" -G Ninja -DTANDEM_WERROR=OFF "$@" >"$W/cfg-$tree.log" 2>&1 &&
-      ninja -C "$out" $targets >"$W/build-$tree.log" 2>&1 ||
-      { grep -E "error|FAILED" "$W/build-$tree.log" "$W/cfg-$tree.log" | head -20; return 1; }
-  done
+  N=$prefix-new B=$prefix-base W=$prefix-work
+  rm -rf "$W" && mkdir -p "$W" && unpack_tree "$tar" "$prefix-base-src" || return 1
+  build_tree . "$N" "$W" new "$targets" "$@" && build_tree "$prefix-base-src" "$B" "$W" base "$targets" "$@"
 }
 
 # experiment_env WORKDIR: the native OpenCL's vendors and libraries, a PoCL cache, and no

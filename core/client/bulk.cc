@@ -28,10 +28,12 @@ Status Completion::Wait() {
   // sleeping (a wake-up from the kernel is a good part of a small read back's latency).
   if (KeepaliveInterval() != Clock::duration::zero()) {
     const auto until = start + std::chrono::microseconds(200);
-    // Meanwhile it handles its own reply when that is the next message (DispatchInline),
+    // A reply it may run itself: it takes it when it is the next message (DispatchInline),
     // which spares the hand-over from the receiver thread.
+    if (inline_) g_inline_waiters.fetch_add(1);
     while (!done_.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < until)
-      if (!DispatchInline()) std::this_thread::yield();
+      if (!inline_ || !DispatchInline()) std::this_thread::yield();
+    if (inline_) g_inline_waiters.fetch_sub(1);
   }
   std::unique_lock<std::mutex> l(m_);
   cv_.wait(l, [&] { return done_.load(std::memory_order_relaxed); });
@@ -102,7 +104,7 @@ Status ReadBuffer(Session& s, ir::BufferReadReq req, void* dst, bool blocking,
     if (completion) completion->Set(result);
   });
   // The program's memory is the waiting caller's: only it reads it before Wait returns.
-  if (only_completion) s.AllowInline(seq);
+  if (only_completion && s.AllowInline(seq)) completion->expect_inline();
   Status st = s.Flush();
   if (!blocking) return st;
   return completion->Wait();

@@ -533,11 +533,20 @@ void RuntimeImpl::FlushLoop() {
 // Whether this thread is handling an event now (DispatchInline must not take the lock again).
 thread_local bool t_dispatching = false;
 std::atomic<RuntimeImpl*> g_dispatcher{nullptr};
+// How long the receiver leaves a new message to a thread that may be waiting for it.
+constexpr auto kLeaveToWaiter = std::chrono::microseconds(5);
 
 void RuntimeImpl::ReceiveLoop() {
   g_dispatcher.store(this);
   for (;;) {
     if (!ep_->WaitPending(std::chrono::milliseconds(200))) continue;
+    // A spinning waiter usually takes its reply within a microsecond or two; anything it
+    // does not take (another kind of message, another thread's callback) is the receiver's
+    // after this moment.
+    if (g_inline_waiters.load(std::memory_order_relaxed) > 0) {
+      const auto until = Clock::now() + kLeaveToWaiter;
+      while (g_inline_waiters.load(std::memory_order_relaxed) > 0 && Clock::now() < until) std::this_thread::yield();
+    }
     // A waiting thread holds the lock only to look at one event: a few tries, then sleep.
     bool locked = false;
     for (int i = 0; i < 64 && !(locked = dispatch_mu_.try_lock()); ++i) std::this_thread::yield();
@@ -608,6 +617,7 @@ bool RuntimeImpl::DispatchWaitingReply() {
       },
       &ev);
   if (!took) return false;
+  Stats::Get().taken_by_waiter.fetch_add(1, std::memory_order_relaxed);
   t_dispatching = true;
   target->OnMessage(ev.data);
   t_dispatching = false;
@@ -615,6 +625,8 @@ bool RuntimeImpl::DispatchWaitingReply() {
 }
 
 }  // namespace
+
+std::atomic<int> g_inline_waiters{0};
 
 bool DispatchInline() {
   if (t_dispatching) return false;

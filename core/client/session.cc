@@ -205,16 +205,17 @@ Status PostAndWait(Session& s, uint16_t opcode, std::vector<uint8_t> payload, st
       s.PostRaw(opcode, std::move(payload), [done](const Status& st, std::span<const uint8_t> fields) {
         done->Set(st, fields);
       });
-  s.AllowInline(seq);
+  if (s.AllowInline(seq)) done->expect_inline();
   s.Flush();
   Status st = done->Wait();
   if (reply_fields) *reply_fields = std::move(done->fields());
   return st;
 }
 
-void SessionImpl::AllowInline(uint64_t seq) {
+bool SessionImpl::AllowInline(uint64_t seq) {
   std::lock_guard<std::mutex> lock(mu_);
   if (pending_.count(seq)) inline_ok_.insert(seq);
+  return true;
 }
 
 bool SessionImpl::InlineSafe(std::span<const uint8_t> msg) const {

@@ -26,6 +26,9 @@ Status PostAndWait(Session& s, uint16_t opcode, std::vector<uint8_t> payload, st
 // functions were all allowed inline (Session::AllowInline). True if it did. The receiver
 // thread handles everything else, in order: both take turns under one lock.
 bool DispatchInline();
+// Threads spinning in Completion::Wait for a reply they may handle themselves: while there
+// are some, the receiver thread leaves a new message a moment to them.
+extern std::atomic<int> g_inline_waiters;
 
 // A fresh random transfer id for a server-to-server copy (a capability: whoever knows it
 // may pull the bytes from the source worker).
@@ -62,7 +65,7 @@ class SessionImpl final : public Session {
   const std::string& backend() const override { return backend_; }
   const std::string& worker_address() const override { return worker_address_; }
   uint64_t PostRaw(uint16_t opcode, std::vector<uint8_t> payload, RawReplyFn fn) override;
-  void AllowInline(uint64_t seq) override;
+  bool AllowInline(uint64_t seq) override;
   Status Flush() override;
   Status CallRaw(uint16_t opcode, std::vector<uint8_t> payload, std::vector<uint8_t>* reply_fields) override;
   Result<std::unique_ptr<fabric::MemoryRegion>> Register(const void* addr, size_t len, uint32_t access) override;

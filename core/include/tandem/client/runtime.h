@@ -63,8 +63,12 @@ class Session {
   virtual uint64_t PostRaw(uint16_t opcode, std::vector<uint8_t> payload, RawReplyFn fn) = 0;
   // The reply function of `seq` (posted with one) only hands the reply to a thread that
   // waits for it (a Completion, nothing of the program's): a thread waiting for a reply may
-  // then run it itself, instead of the receiver thread handing it over.
-  virtual void AllowInline(uint64_t seq) { (void)seq; }
+  // then run it itself, instead of the receiver thread handing it over. False where this
+  // session has no such shortcut.
+  virtual bool AllowInline(uint64_t seq) {
+    (void)seq;
+    return false;
+  }
   // Sends what is queued.
   virtual Status Flush() = 0;
   // Flushes, then waits for the reply to `seq` (which must have been posted with a reply fn
