@@ -310,24 +310,6 @@ Result<Event> RdmEndpoint::Next(Millis timeout) {
   return e;
 }
 
-bool RdmEndpoint::WaitPending(Millis timeout) {
-  auto spin_end = Clock::now() + std::min<Clock::duration>(std::chrono::microseconds(spin_us_.load()), timeout);
-  while (events_pending_ == 0 && Clock::now() < spin_end) std::this_thread::yield();
-  if (events_pending_ != 0) return true;
-  std::unique_lock<std::mutex> lock(events_mu_);
-  return events_cv_.wait_for(lock, timeout, [&] { return !events_.empty(); });
-}
-
-bool RdmEndpoint::TryNextIf(const std::function<bool(const Event&)>& take, Event* out) {
-  if (events_pending_ == 0) return false;
-  std::lock_guard<std::mutex> lock(events_mu_);
-  if (events_.empty() || !take(events_.front())) return false;
-  *out = std::move(events_.front());
-  events_.pop_front();
-  --events_pending_;
-  return true;
-}
-
 void RdmEndpoint::Interrupt() {
   std::lock_guard<std::mutex> lock(events_mu_);
   interrupted_ = true;

@@ -28,12 +28,8 @@ Status Completion::Wait() {
   // sleeping (a wake-up from the kernel is a good part of a small read back's latency).
   if (KeepaliveInterval() != Clock::duration::zero()) {
     const auto until = start + std::chrono::microseconds(200);
-    // A reply it may run itself: it takes it when it is the next message (DispatchInline),
-    // which spares the hand-over from the receiver thread.
-    if (inline_) g_inline_waiters.fetch_add(1);
     while (!done_.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < until)
-      if (!inline_ || !DispatchInline()) std::this_thread::yield();
-    if (inline_) g_inline_waiters.fetch_sub(1);
+      std::this_thread::yield();
   }
   std::unique_lock<std::mutex> l(m_);
   cv_.wait(l, [&] { return done_.load(std::memory_order_relaxed); });
@@ -88,9 +84,8 @@ Status ReadBuffer(Session& s, ir::BufferReadReq req, void* dst, bool blocking,
     req.remote = {};
   }
   const uint64_t size = req.size;
-  const bool only_completion = blocking && !done;
-  const uint64_t seq = s.Post(req, [region, completion, dst, size, done = std::move(done)](
-                                       const Status& st, ir::BufferReadRep&& rep) mutable {
+  s.Post(req, [region, completion, dst, size, done = std::move(done)](const Status& st,
+                                                                      ir::BufferReadRep&& rep) mutable {
     Status result = st;
     if (result.ok() && !region) {
       if (rep.data.size() != size)
@@ -103,8 +98,6 @@ Status ReadBuffer(Session& s, ir::BufferReadReq req, void* dst, bool blocking,
     if (done) done(result);
     if (completion) completion->Set(result);
   });
-  // The program's memory is the waiting caller's: only it reads it before Wait returns.
-  if (only_completion && s.AllowInline(seq)) completion->expect_inline();
   Status st = s.Flush();
   if (!blocking) return st;
   return completion->Wait();

@@ -185,9 +185,6 @@ class RuntimeImpl final : public Runtime, public SessionSource {
     }
   }
 
-  // DispatchInline's body: the next event, if it is a reply batch a waiting thread may run.
-  bool DispatchWaitingReply();
-
  private:
   void Init();
   // Connects a new session to `server` (start-up, spares, rollbacks); `out` receives it.
@@ -202,10 +199,6 @@ class RuntimeImpl final : public Runtime, public SessionSource {
   Result<typename Req::Reply> Exchange(fabric::PeerId peer, const Req& req, const std::string& server,
                                        uint16_t flags = 0);
   void ReceiveLoop();
-  // One received event to its session (or the handshake waiting for it); dispatch_mu_ held.
-  void Route(fabric::Event& ev);
-  // The session `peer` belongs to, unless a handshake waits for that peer's messages.
-  SessionImpl* SessionOf(fabric::PeerId peer);
   void FlushLoop();
   void WakeFlusher();
 
@@ -224,11 +217,6 @@ class RuntimeImpl final : public Runtime, public SessionSource {
   std::mutex mailboxes_mu_;
   std::map<fabric::PeerId, std::shared_ptr<Mailbox>> mailboxes_;
   std::atomic<bool> receiving_{false};
-  // Whoever holds it takes the next event and handles it, so events are handled in the
-  // order they came: the receiver thread, or a thread waiting for its reply (DispatchInline).
-  // Both only try it, and yield when it is taken: a sleeper's wake-up would cost the other
-  // its hand-over's worth.
-  std::mutex dispatch_mu_;
   std::vector<std::unique_ptr<Device>> devices_;  // in TANDEM_SERVERS order
   std::vector<Device*> opencl_, cuda_;            // what each API sees (CUDA_VISIBLE_DEVICES applied)
   std::atomic<uint64_t> next_handle_{1};
@@ -530,109 +518,43 @@ void RuntimeImpl::FlushLoop() {
   }
 }
 
-// Whether this thread is handling an event now (DispatchInline must not take the lock again).
-thread_local bool t_dispatching = false;
-std::atomic<RuntimeImpl*> g_dispatcher{nullptr};
-// How long the receiver leaves a new message to a thread that may be waiting for it.
-constexpr auto kLeaveToWaiter = std::chrono::microseconds(5);
-
 void RuntimeImpl::ReceiveLoop() {
-  g_dispatcher.store(this);
   for (;;) {
-    if (!ep_->WaitPending(std::chrono::milliseconds(200))) continue;
-    // A spinning waiter usually takes its reply within a microsecond or two; anything it
-    // does not take (another kind of message, another thread's callback) is the receiver's
-    // after this moment.
-    if (g_inline_waiters.load(std::memory_order_relaxed) > 0) {
-      const auto until = Clock::now() + kLeaveToWaiter;
-      while (g_inline_waiters.load(std::memory_order_relaxed) > 0 && Clock::now() < until) std::this_thread::yield();
-    }
-    // A waiting thread holds the lock only to look at one event: a few tries, then sleep.
-    bool locked = false;
-    for (int i = 0; i < 64 && !(locked = dispatch_mu_.try_lock()); ++i) std::this_thread::yield();
-    if (!locked) dispatch_mu_.lock();
-    std::lock_guard<std::mutex> l(dispatch_mu_, std::adopt_lock);
-    auto ev = ep_->Next(std::chrono::milliseconds(0));
+    auto ev = ep_->Next(std::chrono::milliseconds(200));
     if (!ev.ok()) {
       if (ev.status().code() != Code::kTimeout) log::Debug("receiver: {}", ev.status().ToString());
-      continue;  // a waiting thread took it
+      continue;
     }
-    t_dispatching = true;
-    Route(ev.value());
-    t_dispatching = false;
-  }
-}
-
-void RuntimeImpl::Route(fabric::Event& ev) {
-  {
-    std::shared_ptr<Mailbox> box;
     {
-      std::lock_guard<std::mutex> l(mailboxes_mu_);
-      if (auto it = mailboxes_.find(ev.peer); it != mailboxes_.end()) box = it->second;
+      std::shared_ptr<Mailbox> box;
+      {
+        std::lock_guard<std::mutex> l(mailboxes_mu_);
+        if (auto it = mailboxes_.find(ev->peer); it != mailboxes_.end()) box = it->second;
+      }
+      if (box) {
+        std::lock_guard<std::mutex> l(box->m);
+        box->events.push_back(std::move(ev).value());
+        box->cv.notify_all();
+        continue;
+      }
     }
-    if (box) {
-      std::lock_guard<std::mutex> l(box->m);
-      box->events.push_back(std::move(ev));
-      box->cv.notify_all();
-      return;
+    SessionImpl* target = nullptr;
+    {
+      std::lock_guard<std::mutex> l(sessions_mu_);
+      for (auto& s : sessions_)
+        if (s->peer() == ev->peer) target = s.get();
     }
+    if (!target) {
+      log::Debug("message from an unknown peer {} dropped", ev->peer);
+      continue;
+    }
+    if (ev->kind == fabric::EventKind::kPeerLost)
+      target->OnLinkLost(ev->peer, Status(Code::kServerLost, ev->status.message()));
+    else target->OnMessage(ev->data);
   }
-  SessionImpl* target = nullptr;
-  {
-    std::lock_guard<std::mutex> l(sessions_mu_);
-    for (auto& s : sessions_)
-      if (s->peer() == ev.peer) target = s.get();
-  }
-  if (!target) {
-    log::Debug("message from an unknown peer {} dropped", ev.peer);
-    return;
-  }
-  if (ev.kind == fabric::EventKind::kPeerLost)
-    target->OnLinkLost(ev.peer, Status(Code::kServerLost, ev.status.message()));
-  else target->OnMessage(ev.data);
-}
-
-SessionImpl* RuntimeImpl::SessionOf(fabric::PeerId peer) {
-  {
-    std::lock_guard<std::mutex> l(mailboxes_mu_);
-    if (mailboxes_.count(peer)) return nullptr;
-  }
-  std::lock_guard<std::mutex> l(sessions_mu_);
-  for (auto& s : sessions_)
-    if (s->peer() == peer) return s.get();
-  return nullptr;
-}
-
-bool RuntimeImpl::DispatchWaitingReply() {
-  if (!dispatch_mu_.try_lock()) return false;
-  std::lock_guard<std::mutex> l(dispatch_mu_, std::adopt_lock);
-  SessionImpl* target = nullptr;
-  fabric::Event ev;
-  // Runs with the endpoint's queue locked, which nothing takes while holding these locks.
-  const bool took = ep_->TryNextIf(
-      [&](const fabric::Event& e) {
-        if (e.kind != fabric::EventKind::kMessage) return false;
-        target = SessionOf(e.peer);
-        return target && target->InlineSafe(e.data);
-      },
-      &ev);
-  if (!took) return false;
-  Stats::Get().taken_by_waiter.fetch_add(1, std::memory_order_relaxed);
-  t_dispatching = true;
-  target->OnMessage(ev.data);
-  t_dispatching = false;
-  return true;
 }
 
 }  // namespace
-
-std::atomic<int> g_inline_waiters{0};
-
-bool DispatchInline() {
-  if (t_dispatching) return false;
-  RuntimeImpl* rt = g_dispatcher.load(std::memory_order_acquire);
-  return rt && rt->DispatchWaitingReply();
-}
 
 Runtime& Runtime::Get() {
   // Never destroyed: CUDA's unregister hooks run from atexit after static destructors.

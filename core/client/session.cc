@@ -201,37 +201,12 @@ Status PostAndWait(Session& s, uint16_t opcode, std::vector<uint8_t> payload, st
   // A Completion: with keepalive on, the caller looks for the reply a moment before sleeping
   // (a synchronize's wake-up from the kernel costs as much as its round trip's tail).
   auto done = std::make_shared<Completion>();
-  const uint64_t seq =
-      s.PostRaw(opcode, std::move(payload), [done](const Status& st, std::span<const uint8_t> fields) {
-        done->Set(st, fields);
-      });
-  if (s.AllowInline(seq)) done->expect_inline();
+  s.PostRaw(opcode, std::move(payload),
+            [done](const Status& st, std::span<const uint8_t> fields) { done->Set(st, fields); });
   s.Flush();
   Status st = done->Wait();
   if (reply_fields) *reply_fields = std::move(done->fields());
   return st;
-}
-
-bool SessionImpl::AllowInline(uint64_t seq) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (pending_.count(seq)) inline_ok_.insert(seq);
-  return true;
-}
-
-bool SessionImpl::InlineSafe(std::span<const uint8_t> msg) const {
-  std::vector<ir::Record> records;
-  if (!ir::ParseBatch(msg, ir::BatchKind::kReplies, &records).ok()) return false;
-  std::lock_guard<std::mutex> lock(mu_);
-  for (const ir::Record& rec : records) {
-    const auto op = static_cast<ir::Opcode>(rec.header.opcode);
-    if (rec.header.seq == 0) {
-      if (op != ir::Opcode::kOutput && op != ir::Opcode::kAck) return false;  // a refusal of a Resume
-      continue;
-    }
-    if (op == ir::Opcode::kResume) return false;
-    if (pending_.count(rec.header.seq) && !inline_ok_.count(rec.header.seq)) return false;
-  }
-  return true;
 }
 
 Status SessionImpl::CallRaw(uint16_t opcode, std::vector<uint8_t> payload, std::vector<uint8_t>* reply_fields) {
@@ -334,7 +309,6 @@ void SessionImpl::OnMessage(std::span<const uint8_t> msg) {
       if (it != pending_.end()) {
         fn = std::move(it->second);
         pending_.erase(it);
-        inline_ok_.erase(rec.header.seq);
       }
     }
     if (!hs.ok()) {
@@ -572,7 +546,6 @@ bool SessionImpl::Close(const Status& why) {
     if (!health_.ok()) return false;
     health_ = why;
     failed.swap(pending_);
-    inline_ok_.clear();
   }
   for (auto& [seq, fn] : failed) fn(why, {});
   return true;

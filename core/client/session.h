@@ -6,7 +6,6 @@
 #include <condition_variable>
 #include <deque>
 #include <map>
-#include <set>
 #include <span>
 #include <vector>
 #include <mutex>
@@ -20,15 +19,6 @@ using Clock = std::chrono::steady_clock;
 // Posts a command with a reply function, flushes, and waits for the reply (every
 // Session's CallRaw).
 Status PostAndWait(Session& s, uint16_t opcode, std::vector<uint8_t> payload, std::vector<uint8_t>* reply_fields);
-
-// Called by a thread that waits for a reply (Completion::Wait) while it spins: takes the
-// next received message and handles it on this thread, if it is a reply batch whose reply
-// functions were all allowed inline (Session::AllowInline). True if it did. The receiver
-// thread handles everything else, in order: both take turns under one lock.
-bool DispatchInline();
-// Threads spinning in Completion::Wait for a reply they may handle themselves: while there
-// are some, the receiver thread leaves a new message a moment to them.
-extern std::atomic<int> g_inline_waiters;
 
 // A fresh random transfer id for a server-to-server copy (a capability: whoever knows it
 // may pull the bytes from the source worker).
@@ -65,7 +55,6 @@ class SessionImpl final : public Session {
   const std::string& backend() const override { return backend_; }
   const std::string& worker_address() const override { return worker_address_; }
   uint64_t PostRaw(uint16_t opcode, std::vector<uint8_t> payload, RawReplyFn fn) override;
-  bool AllowInline(uint64_t seq) override;
   Status Flush() override;
   Status CallRaw(uint16_t opcode, std::vector<uint8_t> payload, std::vector<uint8_t>* reply_fields) override;
   Result<std::unique_ptr<fabric::MemoryRegion>> Register(const void* addr, size_t len, uint32_t access) override;
@@ -76,8 +65,6 @@ class SessionImpl final : public Session {
   // ---- used by the runtime's receiver and flusher threads ----
   fabric::PeerId peer() const { return peer_.load(); }
   void OnMessage(std::span<const uint8_t> msg);
-  // Whether OnMessage(msg) runs only reply functions allowed inline (and no Resume answer).
-  bool InlineSafe(std::span<const uint8_t> msg) const;
   // The connection `peer` broke (a fabric peer loss or a failed send): a resumable session
   // reconnects (on a thread of its own) and only calls OnLost when that fails.
   void OnLinkLost(fabric::PeerId peer, const Status& why);
@@ -122,7 +109,6 @@ class SessionImpl final : public Session {
   Clock::time_point batch_started_{};
   uint64_t next_seq_ = 1;
   std::map<uint64_t, RawReplyFn> pending_;
-  std::set<uint64_t> inline_ok_;  // seqs of pending_ whose function AllowInline allowed
   std::vector<ir::AsyncError> async_errors_;
   Status health_;
   Clock::time_point last_recv_ = Clock::now();

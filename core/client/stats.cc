@@ -57,8 +57,8 @@ void Stats::Print(size_t servers) const {
   out += line + "\n";
   out += fmt::format("to servers:   {} in {} messages, {} moved by RMA\n", Bytes(bytes_sent), messages_sent.load(),
                      Bytes(rma_to_server));
-  out += fmt::format("from servers: {} in {} messages ({} handled by the thread waiting for them), {} moved by RMA\n",
-                     Bytes(bytes_received), messages_received.load(), taken_by_waiter.load(), Bytes(rma_from_server));
+  out += fmt::format("from servers: {} in {} messages, {} moved by RMA\n", Bytes(bytes_received),
+                     messages_received.load(), Bytes(rma_from_server));
   out += fmt::format("server-to-server: {} direct, {} relayed through this process\n", Bytes(server_to_server),
                      Bytes(relayed));
   if (events_imported || events_waited_here)

@@ -12,7 +12,6 @@ struct Stats {
   std::array<std::atomic<uint64_t>, 0x10000> calls{};  // by opcode
   std::atomic<uint64_t> messages_sent{0}, bytes_sent{0};
   std::atomic<uint64_t> messages_received{0}, bytes_received{0};
-  std::atomic<uint64_t> taken_by_waiter{0};  // reply batches the waiting thread handled itself
   std::atomic<uint64_t> rma_to_server{0}, rma_from_server{0};  // bulk bytes the server moved
   std::atomic<uint64_t> server_to_server{0}, relayed{0};  // copies between servers: direct, relayed here
   // Waits on another server's event: told server to server, or waited for here.

@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <numeric>
-#include <thread>
 
 #include "../server/daemon.h"
 #include "tandem/client/runtime.h"
@@ -142,42 +141,6 @@ TEST_F(Live, UserEventReleasesABlockedRead) {
   ASSERT_TRUE(done) << "the blocked read was never released";
   EXPECT_EQ(in, out);
   EXPECT_TRUE(s.Call(ir::PingReq{.nonce = 4}).ok());
-}
-
-// A thread waiting for its reply may handle that reply batch itself (keepalive is on by
-// default, so it spins), but never a batch that runs a callback of the program: those stay
-// on the receiver thread, whatever arrives while this thread waits.
-TEST_F(Live, CallbacksNeverRunOnAThreadWaitingForItsReply) {
-  Session& s = *Dev().session;
-  uint64_t b = Runtime::Get().NewHandle();
-  constexpr int kRounds = 300;
-  s.Post(ir::BufferAllocReq{.buffer = b, .device = Dev().remote_index, .size = 64});
-  std::vector<uint8_t> out(64);
-  std::iota(out.begin(), out.end(), uint8_t{1});
-  ASSERT_TRUE(WriteBuffer(s, {.buffer = b, .size = 64}, out.data(), true).ok());
-  const std::thread::id me = std::this_thread::get_id();
-  std::atomic<int> callbacks{0}, here{0};
-  std::vector<std::vector<uint8_t>> async_in(kRounds, std::vector<uint8_t>(64));
-  for (int i = 0; i < kRounds; ++i) {
-    ASSERT_TRUE(ReadBuffer(s, {.buffer = b, .size = 64}, async_in[i].data(), false, [&](const Status& st) {
-                  EXPECT_TRUE(st.ok()) << st.ToString();
-                  if (std::this_thread::get_id() == me) ++here;
-                  ++callbacks;
-                }).ok());
-    // Waits here while the callback's reply is on its way, in its batch or one before.
-    std::vector<uint8_t> in(64, 0);
-    ASSERT_TRUE(ReadBuffer(s, {.buffer = b, .size = 64}, in.data(), true).ok());
-    ASSERT_EQ(in, out) << "round " << i;
-    if (i % 2) {
-      ASSERT_TRUE(s.Call(ir::DeviceSyncReq{.device = Dev().remote_index}).ok());
-    }
-  }
-  auto deadline = std::chrono::steady_clock::now() + 10s;
-  while (callbacks < kRounds && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
-  EXPECT_EQ(callbacks.load(), kRounds);
-  EXPECT_EQ(here.load(), 0) << "a program callback ran on the thread that was waiting for a reply";
-  for (int i = 0; i < kRounds; ++i) EXPECT_EQ(async_in[i], out) << "round " << i;
-  s.Post(ir::BufferFreeReq{.buffer = b});
 }
 
 // Last in the suite: the server dies while a call waits; the call fails, it does not hang.

@@ -22,9 +22,6 @@ class Completion {
     done_.store(true, std::memory_order_release);
     cv_.notify_all();
   }
-  // Set() only stores the reply (Session::AllowInline was true for it): Wait() may then
-  // take the reply batch from the endpoint and run it on its own thread. Before Wait().
-  void expect_inline() { inline_ = true; }
   // Waits for Set(); the time spent counts as waiting on the network in TANDEM_STATS.
   Status Wait();
   // The reply's fields, once Wait() returned.
@@ -34,7 +31,6 @@ class Completion {
   std::mutex m_;
   std::condition_variable cv_;
   std::atomic<bool> done_{false};
-  bool inline_ = false;
   Status status_;
   std::vector<uint8_t> fields_;
 };

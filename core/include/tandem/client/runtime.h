@@ -61,14 +61,6 @@ class Session {
   // Queues a command. With a reply function, the server answers it and `fn` runs on the
   // receiver thread; without, failures come back as deferred errors at the next sync.
   virtual uint64_t PostRaw(uint16_t opcode, std::vector<uint8_t> payload, RawReplyFn fn) = 0;
-  // The reply function of `seq` (posted with one) only hands the reply to a thread that
-  // waits for it (a Completion, nothing of the program's): a thread waiting for a reply may
-  // then run it itself, instead of the receiver thread handing it over. False where this
-  // session has no such shortcut.
-  virtual bool AllowInline(uint64_t seq) {
-    (void)seq;
-    return false;
-  }
   // Sends what is queued.
   virtual Status Flush() = 0;
   // Flushes, then waits for the reply to `seq` (which must have been posted with a reply fn

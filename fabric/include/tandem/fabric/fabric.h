@@ -15,7 +15,6 @@
 
 #include <chrono>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -106,13 +105,6 @@ class Endpoint {
   virtual Result<Event> Next(Millis timeout) = 0;
   // Wakes a thread blocked in Next() (it returns kTimeout).
   virtual void Interrupt() = 0;
-  // For several threads that take turns at reading (a receiver, and callers waiting for a
-  // reply that run it themselves). WaitPending: waits, as Next() does, until an event is
-  // queued, without taking it; false when none came in time. TryNextIf: takes the next
-  // event only if there is one and `take` says so (`take` runs with the queue locked: it
-  // must not call into the endpoint). Next(Millis(0)) takes it whatever it is.
-  virtual bool WaitPending(Millis timeout) = 0;
-  virtual bool TryNextIf(const std::function<bool(const Event&)>& take, Event* out) = 0;
   // How many messages so far went out from the progress thread (Options::hand_off_idle_us).
   virtual uint64_t sends_handed_off() const { return 0; }
   // Changes how long the progress thread and Next() look for work before sleeping
