@@ -1,13 +1,12 @@
 // A session worker: one process per client session, so one client's crash, bad kernel or
 // leak cannot touch another's. Its exit frees every resource of the session.
 //
-// Threads: two serving threads take the receive role in turns. The one holding it reads the
-// endpoint and runs urgent batches at once (Ping, so liveness keeps working while a batch is
-// blocked in a long finish, and UserEventSet, so a command blocked on a user event can be
-// released). A request batch that comes while none runs is run by the thread that received
-// it, once it has given the role to the other thread; one that comes while a batch runs is
-// queued for the thread running batches. Batches run one at a time, in arrival order, with
-// one reply batch each. The waiter thread finishes deferred replies (Waiter).
+// Threads: the main thread reads the endpoint and runs what it receives: urgent batches at
+// once (Ping, so liveness keeps working while a batch is blocked in a long finish, and
+// UserEventSet, so a command blocked on a user event can be released), and request batches
+// one at a time, in arrival order, with one reply batch each. While it runs batches, the
+// standby thread reads the endpoint instead: it runs urgent batches and queues request
+// batches for the main thread. The waiter thread finishes deferred replies (Waiter).
 #include <sys/personality.h>
 #include <unistd.h>
 
@@ -72,7 +71,7 @@ void AppendAck(std::vector<uint8_t>& batch, uint64_t taken, uint64_t reply_no) {
   batch.insert(batch.end(), one.begin() + ir::kBatchHeaderSize, one.end());
 }
 
-// The way to the client, shared by the receive role, the batch runner and the waiter. For a
+// The way to the client, shared by the threads that read the endpoint, the one running batches and the waiter. For a
 // resumable session it numbers reply batches, appends their Ack and keeps the newest ones
 // (kCacheBytes) so they can be sent again to a client that reconnects.
 class ClientLink {
@@ -89,7 +88,7 @@ class ClientLink {
     std::lock_guard<std::mutex> lock(mu_);
     return resumable_;
   }
-  // The highest request seq the receive role has taken (queued or run): only it writes.
+  // The highest request seq the reading thread has taken (queued or run): only it writes.
   std::atomic<uint64_t> taken{0};
 
   // Sends one reply batch. Kept in order: numbers and wire order agree.
@@ -237,7 +236,7 @@ class ClientBulk : public BulkIO {
     if (!bulk) return Status(Code::kLinkLost, "the client's connection is down");
     Status st = transfer(*bulk);
     for (int again = 0; !st.ok() && again < 3; ++again) {
-      // A failure that a link loss caused: the receive role sees the loss soon after.
+      // A failure that a link loss caused: the reading thread sees the loss soon after.
       std::unique_lock<std::mutex> lock(mu_);
       if (!cv_.wait_for(lock, std::chrono::milliseconds(500), [&] { return current_ != bulk; })) return st;
       cv_.wait_for(lock, grace_, [&] { return current_ != nullptr; });
@@ -262,12 +261,11 @@ class ClientBulk : public BulkIO {
   fabric::PeerId peer_ = 0;
 };
 
-// How long a serving thread waiting for the receive role, and the waiter, look for work
-// before they sleep: as long as the
-// fabric's progress thread does, so a command that follows its reply within that window (a
-// launch + synchronize loop) costs no futex wake-up per thread hop; longer while the client's
-// keepalive asks for it through Warm's spin_us. A thread asleep in the kernel is most of an
-// idle link's latency cliff.
+// How long the standby thread waiting for batches to run, and the waiter, look for work
+// before they sleep: as long as the fabric's progress thread does, so a command that follows
+// its reply within that window (a launch + synchronize loop) costs no futex wake-up per
+// thread hop; longer while the client's keepalive asks for it through Warm's spin_us. A
+// thread asleep in the kernel is most of an idle link's latency cliff.
 const int kDefaultSpinUs = fabric::Options{}.spin_us;
 std::atomic<int> g_spin_us{kDefaultSpinUs};
 
@@ -325,17 +323,16 @@ class Waiter {
   std::atomic<size_t> pending_{0};  // pushed and not yet sent: queued or running
 };
 
-// Runs request batches one at a time, in arrival order. No thread of its own: the serving
-// thread that receives a batch while none runs or waits runs it itself (Offer, then Drain
-// once it has given the receive role to the other serving thread); a batch that comes while
-// one runs is queued, and the thread running batches takes it after its own. A hand-over
-// from a receive thread to an executor thread cost 1.4 us of a 37 us launch + synchronize
-// (H100, bench/results/2026-11-24-h100-f.md).
+// Runs request batches one at a time, in arrival order. No thread of its own: the thread
+// that receives a batch while none runs or waits runs it itself (Offer, then Drain), and a
+// batch that comes while one runs is queued for the thread running batches. There used to
+// be an executor thread fed by a receive thread: that hand-over cost 1.4 us of a 37 us
+// launch + synchronize (H100, bench/results/2026-11-24-h100-f.md).
 class Executor {
  public:
   Executor(Session* session, ClientLink* link, fabric::Endpoint* endpoint, const InjectOptions& inject)
       : session_(session), link_(link), endpoint_(endpoint), waiter_(link), inject_(inject) {}
-  // --inject-stall-after: set once the session stopped answering (the receive role then
+  // --inject-stall-after: set once the session stopped answering (the reading thread then
   // drops everything, pings included, as a frozen process would).
   bool stalled() const { return stalled_.load(); }
   bool goodbye() const { return goodbye_.load(); }
@@ -344,8 +341,8 @@ class Executor {
     session_->set_waiter_idle([this] { return waiter_.Idle(); });
     waiter_.Start();
   }
-  // Called, in arrival order, by the thread holding the receive role. True: nothing runs or
-  // waits, and the caller runs `msg` itself (Drain, after giving up the role). False: `msg`
+  // Called, in arrival order, by the thread reading (role_mu_ held). True: nothing runs or
+  // waits, and the caller runs `msg` itself (Drain, after releasing role_mu_). False: `msg`
   // is queued behind the batch that runs.
   bool Offer(std::vector<uint8_t>& msg) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -408,30 +405,7 @@ class Executor {
   std::atomic<bool> stalled_{false};
 };
 
-// The receive role: whoever holds it reads the endpoint and sorts what comes. Two threads
-// serve a session and take it in turns: the one that gives it up to run a batch finds it
-// free again, or waits for it, afterwards.
-class ReceiveRole {
- public:
-  // Spins as long as the executor used to look for work (g_spin_us), then sleeps.
-  void Acquire() {
-    const int us = g_spin_us.load(std::memory_order_relaxed);
-    const auto until = Clock::now() + std::chrono::microseconds(std::max(us, 0));
-    while (!mu_.try_lock()) {
-      if (Clock::now() >= until) {
-        mu_.lock();
-        return;
-      }
-      std::this_thread::yield();
-    }
-  }
-  void Release() { mu_.unlock(); }
-
- private:
-  std::mutex mu_;
-};
-
-// A resumable client's request batch, as the receive role takes it: records it already
+// A resumable client's request batch, as the reading thread takes it: records it already
 // took (resent after a reconnect: seq <= taken) are dropped. False: nothing new in it.
 bool TakeNew(std::vector<uint8_t>& msg, std::atomic<uint64_t>& taken) {
   std::vector<ir::Record> records;
@@ -478,8 +452,8 @@ void Refuse(fabric::Endpoint& ep, fabric::PeerId peer, const std::string& why) {
   ep.Close(peer);
 }
 
-// What a session worker's two serving threads share, and what the one holding the receive
-// role does with each event.
+// What a session worker's main and standby threads share, and what the one reading does
+// with each event.
 class Worker {
  public:
   Worker(const WorkerOptions& opt, fabric::Endpoint* ep, Backend* backend, Session* session, FabricPeerLink* peers,
@@ -490,9 +464,9 @@ class Worker {
   // Serves until the session's Goodbye has run, then ends the process once the client hung
   // up. The second serving thread starts with the session (Attach).
   [[noreturn]] void Run() {
-    Serve();
-    // The other thread gives the role up as soon as it sees the goodbye.
-    role_.Acquire();
+    Serve(/*standby=*/false);
+    // The standby thread takes the role only while batches run, and none runs any more.
+    std::lock_guard<std::mutex> role(role_mu_);
     // The goodbye's answer may still sit in the provider's send queue, and the client waits
     // for it before it exits: the worker ends when the client hangs up, or after 1 s.
     for (const auto until = Clock::now() + std::chrono::seconds(1); connected_ && Clock::now() < until;) {
@@ -506,24 +480,61 @@ class Worker {
   }
 
  private:
-  void Serve() {
+  // The main thread (standby false) receives whenever it runs no batch; the standby thread
+  // only while the main thread runs batches. So a batch that comes to an idle session runs
+  // on the thread that received it, with no hand-over, and always on the same thread (when
+  // two threads took turns, each batch found the other's caches cold: 2-3 us slower on the
+  // H100 than the hand-over). Each event is taken and sorted under role_mu_, which is never
+  // held across a wait. Only if the main thread stops running batches just as the standby
+  // takes one does the standby run it (Offer decides).
+  void Serve(bool standby) {
     for (;;) {
-      role_.Acquire();
-      if (ended_ || executor_->goodbye()) {
-        role_.Release();
-        return;
+      if (ended_.load() || executor_->goodbye()) return;
+      if (standby && !main_running_.load()) {
+        AwaitMainRunning();
+        continue;
       }
-      std::optional<std::vector<uint8_t>> batch = Receive();
-      const bool run = batch && executor_->Offer(*batch);
-      role_.Release();
-      if (run) executor_->Drain(std::move(*batch));
+      const bool pending = ep_->WaitPending(std::chrono::milliseconds(200));
+      std::optional<std::vector<uint8_t>> batch;
+      {
+        std::lock_guard<std::mutex> role(role_mu_);
+        if (ended_.load() || executor_->goodbye()) return;
+        if (standby && !main_running_.load()) continue;  // the main thread takes it
+        batch = Receive(pending ? ep_->Next(fabric::Millis(0))
+                                : Result<fabric::Event>(Status(Code::kTimeout, "nothing received")));
+      }
+      if (!batch || !executor_->Offer(*batch)) continue;
+      if (!standby) StartRunning();
+      executor_->Drain(std::move(*batch));
+      if (!standby) main_running_.store(false);
     }
   }
 
-  // Reads one event (the role held) and deals with it; returns a request batch for the
-  // executor.
-  std::optional<std::vector<uint8_t>> Receive() {
-    auto ev = ep_->Next(std::chrono::milliseconds(200));
+  // The main thread is about to run batches: the standby reads meanwhile.
+  void StartRunning() {
+    main_running_.store(true);
+    if (standby_asleep_.load()) {
+      std::lock_guard<std::mutex> lock(standby_mu_);
+      standby_cv_.notify_one();
+    }
+  }
+
+  // The standby's wait for that: as long as the executor used to look for work
+  // (g_spin_us), then asleep.
+  void AwaitMainRunning() {
+    const auto until = Clock::now() + std::chrono::microseconds(std::max(0, g_spin_us.load()));
+    while (!main_running_.load() && !executor_->goodbye() && Clock::now() < until) std::this_thread::yield();
+    if (main_running_.load()) return;
+    std::unique_lock<std::mutex> lock(standby_mu_);
+    standby_asleep_.store(true);
+    standby_cv_.wait_for(lock, std::chrono::milliseconds(200),
+                         [this] { return main_running_.load() || executor_->goodbye(); });
+    standby_asleep_.store(false);
+  }
+
+  // Deals with one event, or with nothing received in time (role_mu_ held); returns a
+  // request batch for the executor.
+  std::optional<std::vector<uint8_t>> Receive(Result<fabric::Event> ev) {
     if (!ev.ok()) {
       if (ev.status().code() != Code::kTimeout) EndNow("endpoint failed: " + ev.status().ToString());
       if (down_) {
@@ -637,13 +648,13 @@ class Worker {
     link_->Start(e.peer, resumable);
     last_heard_ = Clock::now();
     if (out.goodbye) {
-      ended_ = true;
+      ended_.store(true);
       return;
     }
     executor_->Start();
     // Detached: it may be inside the backend (a kernel that never finishes) when the
     // process ends.
-    std::thread([this] { Serve(); }).detach();
+    std::thread([this] { Serve(/*standby=*/true); }).detach();
   }
 
   const WorkerOptions& opt_;
@@ -654,10 +665,14 @@ class Worker {
   ClientLink* link_;
   Executor* executor_;
   ClientBulk* bulk_;
-  ReceiveRole role_;
-  // The rest belongs to the receive role.
+  std::mutex role_mu_;
+  std::atomic<bool> main_running_{false};  // the main thread runs batches: the standby reads
+  std::mutex standby_mu_;
+  std::condition_variable standby_cv_;
+  std::atomic<bool> standby_asleep_{false};
+  std::atomic<bool> ended_{false};  // a Goodbye came with the Attach
+  // The rest belongs to whoever holds role_mu_.
   bool attached_ = false;
-  bool ended_ = false;      // a Goodbye came with the Attach
   bool connected_ = false;  // false while a resumable client's link is down
   fabric::PeerId client_ = 0;
   bool down_ = false;  // the client's link broke at lost_at_; waiting for its Resume
