@@ -7,7 +7,7 @@
 #          and round_trip/ocl_loop (clFinish alone, kernel + clFinish, 8 B blocking read),
 #          p50 of 3000 each;
 #   idle:  cuda_bench --idle and opencl_bench --idle (keepalive on, its default);
-# after native runs of the same. BUILD=0 reuses the builds of a previous call (the machine
+# after native runs of the same (each round starts with the next build). BUILD=0 reuses the builds of a previous call (the machine
 # must still be warm). E.g., behind the worker's and the client's thread hand-overs:
 #   git archive bd67c61 -o .scratch/base.tar; git archive cc54ee2 -o .scratch/srv.tar
 #   device tool: run(command="bash bench/experiments/hops_ab.sh 5 loops .scratch/base.tar .scratch/srv.tar", carry=[".deps", ".scratch"])
@@ -66,7 +66,9 @@ idle() {  # idle BUILD|native TREE: both APIs' idle read-back rows
 [[ $WHAT != idle ]] && echo "== native loops: $(loops native)"
 [[ $WHAT != loops ]] && echo "== native idle: $(idle native)"
 for round in $(seq "$ROUNDS"); do
-  for t in "${trees[@]}"; do
+  # Each round starts with the next build, so no build always runs first.
+  for i in "${!trees[@]}"; do
+    t=${trees[$(((i + round - 1) % ${#trees[@]}))]}
     [[ $WHAT != idle ]] && echo "== $t $round loops: $(loops "$P-$t" "$t")"
     [[ $WHAT != loops ]] && echo "== $t $round idle: $(idle "$P-$t" "$t")"
   done
