@@ -119,7 +119,6 @@ class RdmEndpoint final : public Endpoint {
   Status Send(PeerId peer, std::vector<uint8_t> data) override;
   Result<Event> Next(Millis timeout) override;
   void Interrupt() override;
-  bool WaitPending(Millis timeout) override;
   void SetSpin(int us) override { spin_us_.store(us < 0 ? 0 : us); }
   uint64_t sends_handed_off() const override { return sends_handed_off_.load(); }
 

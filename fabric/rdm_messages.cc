@@ -310,13 +310,6 @@ Result<Event> RdmEndpoint::Next(Millis timeout) {
   return e;
 }
 
-bool RdmEndpoint::WaitPending(Millis timeout) {
-  auto spin_end = Clock::now() + std::min<Clock::duration>(std::chrono::microseconds(spin_us_.load()), timeout);
-  while (events_pending_ == 0 && Clock::now() < spin_end) std::this_thread::yield();
-  std::unique_lock<std::mutex> lock(events_mu_);
-  return events_cv_.wait_for(lock, timeout, [&] { return !events_.empty() || interrupted_; });
-}
-
 void RdmEndpoint::Interrupt() {
   std::lock_guard<std::mutex> lock(events_mu_);
   interrupted_ = true;
@@ -327,8 +320,7 @@ void RdmEndpoint::Push(Event e) {
   std::lock_guard<std::mutex> lock(events_mu_);
   events_.push_back(std::move(e));
   ++events_pending_;
-  // All: of two threads waiting (WaitPending), the one woken might not be the one to take it.
-  events_cv_.notify_all();
+  events_cv_.notify_one();
 }
 
 void RdmEndpoint::OnReceive(RecvSlot* slot, size_t len) {

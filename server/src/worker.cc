@@ -1,12 +1,10 @@
 // A session worker: one process per client session, so one client's crash, bad kernel or
 // leak cannot touch another's. Its exit frees every resource of the session.
 //
-// Threads: the main thread reads the endpoint and runs what it receives: urgent batches at
-// once (Ping, so liveness keeps working while a batch is blocked in a long finish, and
-// UserEventSet, so a command blocked on a user event can be released), and request batches
-// one at a time, in arrival order, with one reply batch each. While it runs batches, the
-// standby thread reads the endpoint instead: it runs urgent batches and queues request
-// batches for the main thread. The waiter thread finishes deferred replies (Waiter).
+// Threads: the receive thread (this one) reads the endpoint, runs urgent batches at once
+// (Ping, so liveness keeps working while the executor is blocked in a long finish, and
+// UserEventSet, so a command blocked on a user event can be released) and queues every
+// other batch; the executor runs batches in order and sends one reply batch per batch.
 #include <sys/personality.h>
 #include <unistd.h>
 
@@ -71,7 +69,7 @@ void AppendAck(std::vector<uint8_t>& batch, uint64_t taken, uint64_t reply_no) {
   batch.insert(batch.end(), one.begin() + ir::kBatchHeaderSize, one.end());
 }
 
-// The way to the client, shared by the threads that read the endpoint, the one running batches and the waiter. For a
+// The way to the client, shared by the receive thread, the executor and the waiter. For a
 // resumable session it numbers reply batches, appends their Ack and keeps the newest ones
 // (kCacheBytes) so they can be sent again to a client that reconnects.
 class ClientLink {
@@ -88,7 +86,7 @@ class ClientLink {
     std::lock_guard<std::mutex> lock(mu_);
     return resumable_;
   }
-  // The highest request seq the reading thread has taken (queued or run): only it writes.
+  // The highest request seq the receive thread has taken (queued or run): only it writes.
   std::atomic<uint64_t> taken{0};
 
   // Sends one reply batch. Kept in order: numbers and wire order agree.
@@ -236,7 +234,7 @@ class ClientBulk : public BulkIO {
     if (!bulk) return Status(Code::kLinkLost, "the client's connection is down");
     Status st = transfer(*bulk);
     for (int again = 0; !st.ok() && again < 3; ++again) {
-      // A failure that a link loss caused: the reading thread sees the loss soon after.
+      // A failure that a link loss caused: the receive thread sees the loss soon after.
       std::unique_lock<std::mutex> lock(mu_);
       if (!cv_.wait_for(lock, std::chrono::milliseconds(500), [&] { return current_ != bulk; })) return st;
       cv_.wait_for(lock, grace_, [&] { return current_ != nullptr; });
@@ -261,27 +259,17 @@ class ClientBulk : public BulkIO {
   fabric::PeerId peer_ = 0;
 };
 
-// How long the standby thread waiting for batches to run, and the waiter, look for work
-// before they sleep: as long as the fabric's progress thread does, so a command that follows
-// its reply within that window (a launch + synchronize loop) costs no futex wake-up per
-// thread hop; longer while the client's keepalive asks for it through Warm's spin_us. A
-// thread asleep in the kernel is most of an idle link's latency cliff.
+// How long the executor and the waiter look for work before they sleep: as long as the
+// fabric's progress thread does, so a command that follows its reply within that window (a
+// launch + synchronize loop) costs no futex wake-up per thread hop; longer while the client's
+// keepalive asks for it through Warm's spin_us. A thread asleep in the kernel is most of an
+// idle link's latency cliff.
 const int kDefaultSpinUs = fabric::Options{}.spin_us;
 std::atomic<int> g_spin_us{kDefaultSpinUs};
 
-// Takes `mu`, held by others only for moments: a thread that slept on it would wake up
-// several microseconds after its release.
-void LockSpinning(std::mutex& mu) {
-  for (int i = 0; i < 256; ++i) {
-    if (mu.try_lock()) return;
-    std::this_thread::yield();
-  }
-  mu.lock();
-}
-
 // Yields until `ready` is set or the spin window has passed (then the caller waits normally).
 // The flag is read without the queue's lock, which the thread handing work over would
-// otherwise find taken (1.5-2.2 us from the executor to the waiter, H100).
+// otherwise find taken (1.5-2.2 us from the receive thread to the executor, H100).
 void SpinFor(const std::atomic<bool>& ready) {
   const int us = g_spin_us.load(std::memory_order_relaxed);
   if (us <= 0) return;
@@ -333,89 +321,89 @@ class Waiter {
   std::atomic<size_t> pending_{0};  // pushed and not yet sent: queued or running
 };
 
-// Runs request batches one at a time, in arrival order. No thread of its own: the thread
-// that receives a batch while none runs or waits runs it itself (Offer, then Drain), and a
-// batch that comes while one runs is queued for the thread running batches. There used to
-// be an executor thread fed by a receive thread: that hand-over cost 1.4 us of a 37 us
-// launch + synchronize (H100, bench/results/2026-11-24-h100-f.md).
+// The executor: a queue of request batches run one at a time, in arrival order.
 class Executor {
  public:
   Executor(Session* session, ClientLink* link, fabric::Endpoint* endpoint, const InjectOptions& inject)
       : session_(session), link_(link), endpoint_(endpoint), waiter_(link), inject_(inject) {}
-  // --inject-stall-after: set once the session stopped answering (the reading thread then
+  // --inject-stall-after: set once the session stopped answering (the receive thread then
   // drops everything, pings included, as a frozen process would).
   bool stalled() const { return stalled_.load(); }
-  bool goodbye() const { return goodbye_.load(); }
+  ~Executor() { Stop(); }
 
   void Start() {
     session_->set_waiter_idle([this] { return waiter_.Idle(); });
     waiter_.Start();
+    thread_ = std::thread([this] { Loop(); });
   }
-  // Called, in arrival order, by the thread reading (role_mu_ held). True: nothing runs or
-  // waits, and the caller runs `msg` itself (Drain, after releasing role_mu_). False: `msg`
-  // is queued behind the batch that runs.
-  bool Offer(std::vector<uint8_t>& msg) {
+  void Push(std::vector<uint8_t> msg) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (running_) {
-      queue_.push_back(std::move(msg));
-      return false;
-    }
-    running_ = true;
-    return true;
+    queue_.push_back(std::move(msg));
+    ready_.store(true, std::memory_order_release);
+    cv_.notify_one();
   }
-  // Runs `msg`, then every batch queued meanwhile, until none is left. After a Goodbye
-  // nothing more runs (running_ stays set, so every later batch is only queued).
-  void Drain(std::vector<uint8_t> msg) {
-    for (;;) {
-      if (!Run(msg)) return;
+  bool goodbye() const { return goodbye_.load(); }
+  void Stop() {
+    {
       std::lock_guard<std::mutex> lock(mu_);
-      if (queue_.empty()) {
-        running_ = false;
-        return;
-      }
-      msg = std::move(queue_.front());
-      queue_.pop_front();
+      stop_ = true;
+      ready_.store(true, std::memory_order_release);
+      cv_.notify_one();
     }
+    if (thread_.joinable()) thread_.join();
   }
 
  private:
-  // False after a Goodbye.
-  bool Run(const std::vector<uint8_t>& msg) {
-    BatchOutcome out = session_->HandleBatch(msg);
-    const uint64_t run = session_->commands_run();
-    if (inject_.exit_after && run >= inject_.exit_after) {
-      log::Warn("fault injection: the worker dies after {} commands", run);
-      ::_exit(3);
+  void Loop() {
+    for (;;) {
+      std::vector<uint8_t> msg;
+      SpinFor(ready_);
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        msg = std::move(queue_.front());
+        queue_.pop_front();
+        ready_.store(stop_ || !queue_.empty(), std::memory_order_relaxed);
+      }
+      BatchOutcome out = session_->HandleBatch(msg);
+      const uint64_t run = session_->commands_run();
+      if (inject_.exit_after && run >= inject_.exit_after) {
+        log::Warn("fault injection: the worker dies after {} commands", run);
+        ::_exit(3);
+      }
+      if (inject_.stall_after && run >= inject_.stall_after) {
+        log::Warn("fault injection: the session stops answering after {} commands", run);
+        stalled_.store(true);
+        for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+      }
+      if (!out.reply.empty()) link_->Send(std::move(out.reply));
+      // After the batch's own replies, so replies leave in the order of their commands.
+      if (!out.late.empty()) waiter_.Push(std::move(out.late));
+      if (out.goodbye) {
+        goodbye_.store(true);
+        endpoint_->Interrupt();
+        return;
+      }
     }
-    if (inject_.stall_after && run >= inject_.stall_after) {
-      log::Warn("fault injection: the session stops answering after {} commands", run);
-      stalled_.store(true);
-      for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
-    }
-    if (!out.reply.empty()) link_->Send(std::move(out.reply));
-    // After the batch's own replies, so replies leave in the order of their commands.
-    if (!out.late.empty()) waiter_.Push(std::move(out.late));
-    if (out.goodbye) {
-      goodbye_.store(true);
-      endpoint_->Interrupt();  // the serving thread in Next() looks at goodbye() now
-      return false;
-    }
-    return true;
   }
 
   Session* session_;
   ClientLink* link_;
   fabric::Endpoint* endpoint_;
+  std::thread thread_;
   std::mutex mu_;
-  std::deque<std::vector<uint8_t>> queue_;  // not empty only while running_
-  bool running_ = false;
+  std::condition_variable cv_;
+  std::deque<std::vector<uint8_t>> queue_;
+  std::atomic<bool> ready_{false};  // stop_ or queue_ not empty (written under mu_)
   Waiter waiter_;
+  bool stop_ = false;
   std::atomic<bool> goodbye_{false};
   InjectOptions inject_;
   std::atomic<bool> stalled_{false};
 };
 
-// A resumable client's request batch, as the reading thread takes it: records it already
+// A resumable client's request batch, as the receive thread takes it: records it already
 // took (resent after a reconnect: seq <= taken) are dropped. False: nothing new in it.
 bool TakeNew(std::vector<uint8_t>& msg, std::atomic<uint64_t>& taken) {
   std::vector<ir::Record> records;
@@ -462,240 +450,7 @@ void Refuse(fabric::Endpoint& ep, fabric::PeerId peer, const std::string& why) {
   ep.Close(peer);
 }
 
-// What a session worker's main and standby threads share, and what the one reading does
-// with each event.
-class Worker {
- public:
-  Worker(const WorkerOptions& opt, fabric::Endpoint* ep, Backend* backend, Session* session, FabricPeerLink* peers,
-         ClientLink* link, Executor* executor, ClientBulk* bulk)
-      : opt_(opt), ep_(ep), backend_(backend), session_(session), peers_(peers), link_(link), executor_(executor),
-        bulk_(bulk) {}
-
-  // Serves until the session's Goodbye has run, then ends the process once the client hung
-  // up. The second serving thread starts with the session (Attach).
-  [[noreturn]] void Run() {
-    Serve(/*standby=*/false);
-    // The standby thread takes the role only while batches run, and none runs any more.
-    std::lock_guard<std::mutex> role(role_mu_);
-    // The goodbye's answer may still sit in the provider's send queue, and the client waits
-    // for it before it exits: the worker ends when the client hangs up, or after 1 s.
-    for (const auto until = Clock::now() + std::chrono::seconds(1); connected_ && Clock::now() < until;) {
-      auto ev = ep_->Next(std::chrono::milliseconds(50));
-      if (ev.ok() && ev.value().kind == fabric::EventKind::kPeerLost && ev.value().peer == client_) break;
-      if (!ev.ok() && ev.status().code() != Code::kTimeout) break;
-    }
-    // Ending the process frees the session at once; an in-process teardown of a GPU
-    // driver's contexts can take seconds the broker would count as a live session.
-    EndNow("goodbye");
-  }
-
- private:
-  // The main thread (standby false) receives whenever it runs no batch; the standby thread
-  // only while the main thread runs batches. So a batch that comes to an idle session runs
-  // on the thread that received it, with no hand-over, and always on the same thread (when
-  // two threads took turns, each batch found the other's caches cold: 2-3 us slower on the
-  // H100 than the hand-over). Each event is taken and sorted under role_mu_, which is never
-  // held across a wait. Only if the main thread stops running batches just as the standby
-  // takes one does the standby run it (Offer decides).
-  void Serve(bool standby) {
-    for (;;) {
-      if (ended_.load() || executor_->goodbye()) return;
-      if (standby && !main_running_.load()) {
-        AwaitMainRunning();
-        continue;
-      }
-      const bool pending = ep_->WaitPending(std::chrono::milliseconds(200));
-      // Not even a look at the lock when the main thread takes it: it would sleep on it.
-      if (standby && !main_running_.load()) continue;
-      std::optional<std::vector<uint8_t>> batch;
-      {
-        LockSpinning(role_mu_);
-        std::lock_guard<std::mutex> role(role_mu_, std::adopt_lock);
-        if (ended_.load() || executor_->goodbye()) return;
-        if (standby && !main_running_.load()) continue;  // the main thread takes it
-        batch = Receive(pending ? ep_->Next(fabric::Millis(0))
-                                : Result<fabric::Event>(Status(Code::kTimeout, "nothing received")));
-      }
-      if (!batch || !executor_->Offer(*batch)) continue;
-      if (!standby) StartRunning();
-      executor_->Drain(std::move(*batch));
-      if (!standby) main_running_.store(false);
-    }
-  }
-
-  // The main thread is about to run batches: the standby reads meanwhile.
-  void StartRunning() {
-    main_running_.store(true);
-    if (standby_asleep_.load()) {
-      std::lock_guard<std::mutex> lock(standby_mu_);
-      standby_cv_.notify_one();
-    }
-  }
-
-  // The standby's wait for that: as long as the executor used to look for work
-  // (g_spin_us), then asleep.
-  void AwaitMainRunning() {
-    const auto until = Clock::now() + std::chrono::microseconds(std::max(0, g_spin_us.load()));
-    while (!main_running_.load() && !executor_->goodbye() && Clock::now() < until) std::this_thread::yield();
-    if (main_running_.load()) return;
-    std::unique_lock<std::mutex> lock(standby_mu_);
-    standby_asleep_.store(true);
-    standby_cv_.wait_for(lock, std::chrono::milliseconds(200),
-                         [this] { return main_running_.load() || executor_->goodbye(); });
-    standby_asleep_.store(false);
-  }
-
-  // Deals with one event, or with nothing received in time (role_mu_ held); returns a
-  // request batch for the executor.
-  std::optional<std::vector<uint8_t>> Receive(Result<fabric::Event> ev) {
-    if (!ev.ok()) {
-      if (ev.status().code() != Code::kTimeout) EndNow("endpoint failed: " + ev.status().ToString());
-      if (down_) {
-        if (Clock::now() - lost_at_ > opt_.session_grace)
-          EndNow(fmt::format("the client did not resume within {} ms (--session-grace-ms)", opt_.session_grace.count()));
-      } else if (Clock::now() - last_heard_ > opt_.session_timeout) {
-        EndNow(fmt::format("nothing heard from the client for {} ms", opt_.session_timeout.count()));
-      }
-      return std::nullopt;
-    }
-    fabric::Event& e = ev.value();
-    if (e.kind == fabric::EventKind::kPeerLost) {
-      if (connected_ && e.peer == client_) {
-        if (!link_->resumable()) EndNow("client lost: " + e.status.ToString());
-        // Maybe only the link broke: the session waits for the client to resume it.
-        log::Warn("client lost ({}); the session waits {} ms for it to resume", e.status.message(),
-                  opt_.session_grace.count());
-        link_->Lost();
-        bulk_->Lost();
-        ep_->Close(client_);
-        connected_ = false;
-        down_ = true;
-        lost_at_ = Clock::now();
-        return std::nullopt;
-      }
-      peers_->OnPeerLost(e.peer, e.status);
-      return std::nullopt;
-    }
-    if (attached_ && (!connected_ || e.peer != client_)) {
-      OnOtherPeer(e);
-      return std::nullopt;
-    }
-    if (!attached_) {
-      Attach(e);
-      return std::nullopt;
-    }
-    last_heard_ = Clock::now();
-    if (executor_->stalled()) return std::nullopt;  // frozen: not even a ping is answered
-    if (link_->resumable() && !TakeNew(e.data, link_->taken)) return std::nullopt;  // resent, already taken
-    if (auto urgent = session_->RunUrgent(e.data)) {
-      if (!urgent->empty()) link_->Send(std::move(*urgent));
-      return std::nullopt;
-    }
-    return std::move(e.data);
-  }
-
-  // A message from another peer than the attached client's connection: its Resume on a new
-  // connection, or another session's worker pulling or sending a server-to-server copy.
-  void OnOtherPeer(fabric::Event& e) {
-    uint64_t seq = 0;
-    ir::ResumeReq resume;
-    if (link_->resumable() && IsResume(e.data, &seq, &resume)) {
-      if (resume.session_key != opt_.session_key) {
-        Refuse(*ep_, e.peer, "Resume with the wrong session key");
-        return;
-      }
-      if (connected_) {  // it noticed the loss first: the old connection is dead
-        log::Warn("the client resumes on a new connection; the old one is dropped");
-        link_->Lost();
-        bulk_->Lost();
-        ep_->Close(client_);
-        connected_ = false;
-        if (!down_) lost_at_ = Clock::now();
-        down_ = true;
-      }
-      size_t resent = 0;
-      Status st = link_->Resume(e.peer, seq, resume.received, &resent);
-      if (!st.ok()) {
-        log::Error("cannot resume the session: {}", st.ToString());
-        ep_->Close(e.peer);
-        return;
-      }
-      client_ = e.peer;
-      connected_ = true;
-      bulk_->Connect(e.peer);
-      log::Info("client resumed after {} ms: it had {} reply batches, {} resent; requests up to #{} were taken",
-                std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - lost_at_).count(),
-                resume.received, resent, link_->taken.load());
-      down_ = false;
-      last_heard_ = Clock::now();
-      return;
-    }
-    if (!peers_->OnMessage(e.peer, std::move(e.data))) Refuse(*ep_, e.peer, "this session belongs to another client");
-  }
-
-  // Before Attach nothing runs batches: the first one is authenticated right here.
-  void Attach(fabric::Event& e) {
-    std::vector<ir::Record> first;
-    const bool resumable = ir::ParseBatch(e.data, ir::BatchKind::kRequests, &first).ok() && !first.empty() &&
-                           (first[0].header.flags & kRecordResumable);
-    bulk_->Connect(e.peer);
-    backend_->set_bulk(bulk_);
-    BatchOutcome out = session_->HandleBatch(e.data);
-    if (!out.reply.empty()) {
-      Status st = ep_->Send(e.peer, std::move(out.reply));
-      if (!st.ok()) log::Warn("cannot send a reply: {}", st.ToString());
-    }
-    for (LateReply& late : out.late) {  // the waiter is not started yet: finish them here
-      Status st = ep_->Send(e.peer, late());
-      if (!st.ok()) log::Warn("cannot send a reply: {}", st.ToString());
-    }
-    if (out.refuse_peer) {
-      backend_->set_bulk(nullptr);
-      bulk_->Lost();
-      ep_->Close(e.peer);
-      return;
-    }
-    attached_ = true;
-    connected_ = true;
-    client_ = e.peer;
-    link_->Start(e.peer, resumable);
-    last_heard_ = Clock::now();
-    if (out.goodbye) {
-      ended_.store(true);
-      return;
-    }
-    executor_->Start();
-    // Detached: it may be inside the backend (a kernel that never finishes) when the
-    // process ends.
-    std::thread([this] { Serve(/*standby=*/true); }).detach();
-  }
-
-  const WorkerOptions& opt_;
-  fabric::Endpoint* ep_;
-  Backend* backend_;
-  Session* session_;
-  FabricPeerLink* peers_;
-  ClientLink* link_;
-  Executor* executor_;
-  ClientBulk* bulk_;
-  std::mutex role_mu_;
-  std::atomic<bool> main_running_{false};  // the main thread runs batches: the standby reads
-  std::mutex standby_mu_;
-  std::condition_variable standby_cv_;
-  std::atomic<bool> standby_asleep_{false};
-  std::atomic<bool> ended_{false};  // a Goodbye came with the Attach
-  // The rest belongs to whoever holds role_mu_.
-  bool attached_ = false;
-  bool connected_ = false;  // false while a resumable client's link is down
-  fabric::PeerId client_ = 0;
-  bool down_ = false;  // the client's link broke at lost_at_; waiting for its Resume
-  Clock::time_point lost_at_{};
-  // An unattached worker waits as long as an idle session would, then gives up.
-  Clock::time_point last_heard_ = Clock::now();
-};
-
 }  // namespace
-
 
 int RunWorker(const WorkerOptions& opt) {
   log::SetComponent("tandemd-worker");
@@ -743,7 +498,134 @@ int RunWorker(const WorkerOptions& opt) {
   Executor executor(&session, &link, ep.get(), opt.inject);
   ClientBulk bulk(ep.get(), opt.session_timeout, opt.session_grace, opt.inject.cut_bulk_every,
                   [b = backend.value().get()](size_t n) { return b->BulkStaging(n); });
-  Worker(opt, ep.get(), backend.value().get(), &session, &peers, &link, &executor, &bulk).Run();
+  bool attached = false;
+  bool connected = false;  // false while a resumable client's link is down
+  fabric::PeerId client = 0;
+  bool down = false;  // the client's link broke at lost_at; waiting for its Resume
+  Clock::time_point lost_at{};
+  auto last_heard = Clock::now();
+  // An unattached worker waits as long as an idle session would, then gives up.
+  for (;;) {
+    if (executor.goodbye()) break;
+    auto ev = ep->Next(std::chrono::milliseconds(200));
+    if (!ev.ok()) {
+      if (ev.status().code() != Code::kTimeout) EndNow("endpoint failed: " + ev.status().ToString());
+      if (down) {
+        if (Clock::now() - lost_at > opt.session_grace)
+          EndNow(fmt::format("the client did not resume within {} ms (--session-grace-ms)", opt.session_grace.count()));
+      } else if (Clock::now() - last_heard > opt.session_timeout) {
+        EndNow(fmt::format("nothing heard from the client for {} ms", opt.session_timeout.count()));
+      }
+      continue;
+    }
+    fabric::Event& e = ev.value();
+    if (e.kind == fabric::EventKind::kPeerLost) {
+      if (connected && e.peer == client) {
+        if (!link.resumable()) EndNow("client lost: " + e.status.ToString());
+        // Maybe only the link broke: the session waits for the client to resume it.
+        log::Warn("client lost ({}); the session waits {} ms for it to resume", e.status.message(),
+                  opt.session_grace.count());
+        link.Lost();
+        bulk.Lost();
+        ep->Close(client);
+        connected = false;
+        down = true;
+        lost_at = Clock::now();
+        continue;
+      }
+      peers.OnPeerLost(e.peer, e.status);
+      continue;
+    }
+    if (attached && (!connected || e.peer != client)) {
+      uint64_t seq = 0;
+      ir::ResumeReq resume;
+      if (link.resumable() && IsResume(e.data, &seq, &resume)) {
+        if (resume.session_key != opt.session_key) {
+          Refuse(*ep, e.peer, "Resume with the wrong session key");
+          continue;
+        }
+        if (connected) {  // it noticed the loss first: the old connection is dead
+          log::Warn("the client resumes on a new connection; the old one is dropped");
+          link.Lost();
+          bulk.Lost();
+          ep->Close(client);
+          connected = false;
+          if (!down) lost_at = Clock::now();
+          down = true;
+        }
+        size_t resent = 0;
+        Status st = link.Resume(e.peer, seq, resume.received, &resent);
+        if (!st.ok()) {
+          log::Error("cannot resume the session: {}", st.ToString());
+          ep->Close(e.peer);
+          continue;
+        }
+        client = e.peer;
+        connected = true;
+        bulk.Connect(e.peer);
+        log::Info("client resumed after {} ms: it had {} reply batches, {} resent; requests up to #{} were taken",
+                  std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - lost_at).count(),
+                  resume.received, resent, link.taken.load());
+        down = false;
+        last_heard = Clock::now();
+        continue;
+      }
+      // Another session's worker pulling or sending a server-to-server copy.
+      if (!peers.OnMessage(e.peer, std::move(e.data))) Refuse(*ep, e.peer, "this session belongs to another client");
+      continue;
+    }
+    if (!attached) {
+      // Before Attach the executor is idle: the first batch is authenticated right here.
+      std::vector<ir::Record> first;
+      const bool resumable = ir::ParseBatch(e.data, ir::BatchKind::kRequests, &first).ok() && !first.empty() &&
+                             (first[0].header.flags & kRecordResumable);
+      bulk.Connect(e.peer);
+      backend.value()->set_bulk(&bulk);
+      BatchOutcome out = session.HandleBatch(e.data);
+      if (!out.reply.empty()) {
+        Status st = ep->Send(e.peer, std::move(out.reply));
+        if (!st.ok()) log::Warn("cannot send a reply: {}", st.ToString());
+      }
+      for (LateReply& late : out.late) {  // the waiter is not started yet: finish them here
+        Status st = ep->Send(e.peer, late());
+        if (!st.ok()) log::Warn("cannot send a reply: {}", st.ToString());
+      }
+      if (out.refuse_peer) {
+        backend.value()->set_bulk(nullptr);
+        bulk.Lost();
+        ep->Close(e.peer);
+        continue;
+      }
+      attached = true;
+      connected = true;
+      client = e.peer;
+      link.Start(e.peer, resumable);
+      last_heard = Clock::now();
+      if (out.goodbye) break;
+      executor.Start();
+      continue;
+    }
+    last_heard = Clock::now();
+    if (executor.stalled()) continue;  // frozen: not even a ping is answered
+    if (link.resumable() && !TakeNew(e.data, link.taken)) continue;  // resent, already taken
+    if (auto urgent = session.RunUrgent(e.data)) {
+      if (!urgent->empty()) link.Send(std::move(*urgent));
+      continue;
+    }
+    executor.Push(std::move(e.data));
+  }
+  // Goodbye: the executor is done. Ending the process frees the session at once; an
+  // in-process teardown of a GPU driver's contexts can take seconds the broker would
+  // count as a live session.
+  executor.Stop();
+  // The goodbye's answer may still sit in the provider's send queue, and the client waits
+  // for it before it exits: the worker ends when the client hangs up, or after 1 s.
+  for (const auto until = Clock::now() + std::chrono::seconds(1); connected && Clock::now() < until;) {
+    auto ev = ep->Next(std::chrono::milliseconds(50));
+    if (ev.ok() && ev.value().kind == fabric::EventKind::kPeerLost && ev.value().peer == client) break;
+    if (!ev.ok() && ev.status().code() != Code::kTimeout) break;
+  }
+  EndNow("goodbye");
 }
 
 }  // namespace tandem::server

@@ -29,7 +29,6 @@ class RecordingEndpoint final : public fabric::Endpoint {
   }
   Result<fabric::Event> Next(fabric::Millis) override { return Status(Code::kTimeout, "recording endpoint"); }
   void Interrupt() override {}
-  bool WaitPending(fabric::Millis) override { return false; }
   void SetSpin(int) override {}
   Result<std::unique_ptr<fabric::MemoryRegion>> Register(void*, size_t, uint32_t) override { return Refused(); }
   Result<fabric::OpId> PostRead(fabric::PeerId, fabric::MemoryRegion&, size_t, const fabric::RemoteRegion&, uint64_t,

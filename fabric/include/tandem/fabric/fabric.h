@@ -103,12 +103,8 @@ class Endpoint {
   virtual Status Send(PeerId peer, std::vector<uint8_t> data) = 0;
   // The next incoming whole message or peer failure. kTimeout when nothing came in time.
   virtual Result<Event> Next(Millis timeout) = 0;
-  // Wakes a thread blocked in Next() (it returns kTimeout) or WaitPending().
+  // Wakes a thread blocked in Next() (it returns kTimeout).
   virtual void Interrupt() = 0;
-  // Waits, as Next() does, until an event is queued or Interrupt() was called, without
-  // taking it: for threads that take turns at reading, each then taking the event with
-  // Next(Millis(0)) under a lock of their own. False when nothing came in time.
-  virtual bool WaitPending(Millis timeout) = 0;
   // How many messages so far went out from the progress thread (Options::hand_off_idle_us).
   virtual uint64_t sends_handed_off() const { return 0; }
   // Changes how long the progress thread and Next() look for work before sleeping
