@@ -5,6 +5,7 @@
 #include <CL/cl.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
 #include <numeric>
 #include <set>
@@ -371,6 +372,47 @@ TEST_F(OpenCLBackendTest, CommandAfterAFailedEventFailsInsteadOfHanging) {
   // Nothing was left queued: the default queue still serves.
   ASSERT_TRUE(Write(1, 0, {9, 9, 9, 9}).ok());
   EXPECT_EQ(Read(1, 0, 4), (ir::bytes{9, 9, 9, 9}));
+}
+
+// A wait event failed from another thread (the receive thread's UserEventSet) just as a
+// command is prepared, after the look at its status and before its enqueue: the failure
+// waits for the enqueue, so the command fails with the event instead of staying queued for
+// good (PoCL), and later commands still run.
+TEST_F(OpenCLBackendTest, WaitEventFailedDuringTheEnqueueStillEndsTheCommand) {
+  Alloc(1, 64);
+  ir::EventCreateRep erep;
+  ASSERT_TRUE(be_->OnEventCreate({90, 0, ir::kEventUser}, &erep).ok());
+  auto* ocl = dynamic_cast<opencl::OpenCLBackend*>(be_.get());
+  ASSERT_NE(ocl, nullptr);
+  std::thread setter;
+  Status set;
+  ocl->set_after_wait_check_for_test([&] {
+    if (setter.joinable()) return;  // the marker's preparation only
+    setter = std::thread([&] {
+      ir::UserEventSetRep urep;
+      set = be_->OnUserEventSet({90, -42}, &urep);
+    });
+    // Time enough for the other thread to set the failure, unless it has to wait.
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  });
+  ir::MarkerRep mrep;
+  Status marked = be_->OnMarker({0, 0, {90}, 91}, &mrep);
+  ocl->set_after_wait_check_for_test(nullptr);
+  ASSERT_TRUE(setter.joinable());
+  setter.join();
+  ASSERT_TRUE(set.ok()) << set.ToString();
+  ASSERT_TRUE(marked.ok()) << marked.ToString();
+  // Queried, not waited for: a marker left queued would hang a wait.
+  ir::EventQueryRep q;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  do {
+    ASSERT_TRUE(be_->OnEventQuery({91}, &q).ok());
+    if (q.status < 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  } while (std::chrono::steady_clock::now() < deadline);
+  EXPECT_LT(q.status, 0) << "the marker never ended: enqueued after its wait event had failed";
+  ASSERT_TRUE(Write(1, 0, {7, 7, 7, 7}).ok());
+  EXPECT_EQ(Read(1, 0, 4), (ir::bytes{7, 7, 7, 7}));
 }
 
 // The pool itself: 16 distinct slots, none when all are out, each back when its last

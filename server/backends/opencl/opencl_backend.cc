@@ -230,38 +230,48 @@ Status OpenCLBackend::Prepare(uint64_t stream, uint32_t device, const ir::u64s& 
   e->signal = signal;
   // OpenCL wait lists must share the queue's context: other devices' events are waited
   // for here, on the host, before the command is enqueued.
+  std::vector<std::pair<uint64_t, cl_event>> same_device;
   for (uint64_t h : wait) {
     auto ev = Find(events_, h, "event");
     if (!ev.ok()) return ev.status();
     cl_event ce = ev.value()->event.get();
     if (!ce) continue;  // never signalled: complete
     if (ev.value()->device == device) {
-      // A command enqueued after an event of its wait list failed never runs nor ends on PoCL
-      // (3.1 and 5.0: it stays CL_QUEUED, while one enqueued before the failure fails with it;
-      // NVIDIA's OpenCL refuses the enqueue; bench/experiments/failed_wait_list.c).
-      // Through Tandem that order is not the program's alone: a user event's failure is set
-      // from the receive thread and an imported event's when the other server answers, both
-      // possibly before the executor reaches a command the program enqueued earlier. Such a
-      // command is not enqueued: it fails here, as OpenCL has it fail, and its signal with it.
-      // (An event that fails between this look and the enqueue is not caught.)
-      cl_int status = CL_COMPLETE;
-      cl_int err = clGetEventInfo(ce, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, nullptr);
-      if (err != CL_SUCCESS) return ClError(err, "clGetEventInfo", fmt::format("event {:#x} of the wait list", h));
-      if (status < 0)
-        return ClError(CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST, "enqueue",
-                       fmt::format("event {:#x} of the wait list failed (status {}) before the command was enqueued; "
-                                   "it does not run",
-                                   h, status));
-      e->wait.push_back(ce);
+      same_device.emplace_back(h, ce);
       continue;
     }
     cl_int err = clWaitForEvents(1, &ce);
     if (err != CL_SUCCESS) return ClError(err, "clWaitForEvents", fmt::format("event {:#x} of another device", h));
   }
+  if (same_device.empty()) return Status::Ok();
+  // A command enqueued after an event of its wait list failed never runs nor ends on PoCL
+  // (3.1 and 5.0: it stays CL_QUEUED, while one enqueued before the failure fails with it;
+  // NVIDIA's OpenCL refuses the enqueue; bench/experiments/failed_wait_list.c). Through
+  // Tandem that order is not the program's alone: a user event's failure is set from the
+  // receive thread and an imported event's when the other server answers, both possibly
+  // before the executor reaches a command the program enqueued earlier. Such a command is not
+  // enqueued: it fails here, as OpenCL has it fail, and its signal with it. Both failures
+  // are set through OnUserEventSet, which takes events_mu_: held from this look to the
+  // enqueue call, it keeps them out of the window between. (An event that fails on the
+  // device, or because its own wait list failed, is not covered.)
+  e->no_failures = std::unique_lock<std::mutex>(events_mu_);
+  for (const auto& [h, ce] : same_device) {
+    cl_int status = CL_COMPLETE;
+    cl_int err = clGetEventInfo(ce, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, nullptr);
+    if (err != CL_SUCCESS) return ClError(err, "clGetEventInfo", fmt::format("event {:#x} of the wait list", h));
+    if (status < 0)
+      return ClError(CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST, "enqueue",
+                     fmt::format("event {:#x} of the wait list failed (status {}) before the command was enqueued; "
+                                 "it does not run",
+                                 h, status));
+    e->wait.push_back(ce);
+  }
+  if (after_wait_check_) after_wait_check_();
   return Status::Ok();
 }
 
 void OpenCLBackend::Complete(Enqueue& e) {
+  if (e.no_failures.owns_lock()) e.no_failures.unlock();
   if (!e.done) return;
   if (e.signal == 0) {
     clReleaseEvent(e.done);
@@ -287,6 +297,7 @@ void OpenCLBackend::FlushBeforeWait(cl_command_queue q) {
 }
 
 Status OpenCLBackend::WaitOnHost(Enqueue& e) {
+  if (e.no_failures.owns_lock()) e.no_failures.unlock();  // a failure now ends the wait
   if (e.wait.empty()) return Status::Ok();
   cl_int err = clWaitForEvents(e.num_wait(), e.wait_list());
   if (err != CL_SUCCESS) return ClError(err, "clWaitForEvents");

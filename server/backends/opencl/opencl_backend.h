@@ -151,6 +151,10 @@ struct Enqueue {
   std::vector<cl_event> wait;
   uint64_t signal = 0;
   cl_event done = nullptr;  // the command's event, filled by the enqueue call
+  // The backend's events_mu_, held from the check of the wait list's statuses to the enqueue
+  // call (released by Complete, WaitOnHost, or with the Enqueue): no event of the wait list
+  // is failed by OnUserEventSet in between. Never held across a wait.
+  std::unique_lock<std::mutex> no_failures;
   cl_uint num_wait() const { return static_cast<cl_uint>(wait.size()); }
   const cl_event* wait_list() const { return wait.empty() ? nullptr : wait.data(); }
   // Where the enqueue call writes its event: only when a signal (or the caller) needs it.
@@ -238,6 +242,10 @@ class OpenCLBackend : public Backend {
   Status OnEventWait(const ir::EventWaitReq&, ir::EventWaitRep*) override;
   Status OnEventTimes(const ir::EventTimesReq&, ir::EventTimesRep*) override;
   Status OnUserEventSet(const ir::UserEventSetReq&, ir::UserEventSetRep*) override;
+
+  // Tests only: runs in every command's preparation after its wait list's statuses were
+  // checked, before the command is enqueued.
+  void set_after_wait_check_for_test(std::function<void()> fn) { after_wait_check_ = std::move(fn); }
   Status NotifyWhenDone(uint64_t event, std::function<void(int32_t status)> done) override;
   Status ReadToHost(uint64_t stream, uint64_t buffer, uint64_t offset, uint64_t size, const ir::u64s& wait,
                     uint64_t signal, std::function<void(Result<std::shared_ptr<HostBuffer>>)> done) override;
@@ -309,6 +317,7 @@ class OpenCLBackend : public Backend {
   // Guards changes to events_ against OnUserEventSet, which runs on the receive thread;
   // the executor, the only writer, reads without it.
   std::mutex events_mu_;
+  std::function<void()> after_wait_check_;
 };
 
 // Reads a clGet*Info answer of any size into bytes.

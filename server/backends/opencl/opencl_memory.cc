@@ -206,13 +206,14 @@ std::shared_ptr<uint8_t> ReadSlots::Take() {
 }
 
 // By RMA: each chunk is read from the device into a staging chunk, then written to the
-// client while the next one is read. Push returns once every write has landed.
+// client while the next one is read. Push returns once every write has landed. The wait list
+// is waited for on the host first: a blocking read after an event that failed meanwhile
+// would never return on PoCL (see Prepare), where clWaitForEvents reports the failure.
 Status OpenCLBackend::ReadRemote(const ir::BufferReadReq& req, Buffer& b, Enqueue& e) {
   if (!bulk_) return Status::Invalid("this session has no RMA transport; read inline");
+  TANDEM_RETURN_IF_ERROR(WaitOnHost(e));
   TANDEM_RETURN_IF_ERROR(bulk_->Push(req.remote, req.size, [&](uint8_t* chunk, size_t off, size_t n) {
-    cl_int err = clEnqueueReadBuffer(e.queue, b.mem.get(), CL_TRUE, req.offset + off, n, chunk, e.num_wait(),
-                                     e.wait_list(), nullptr);
-    e.wait.clear();  // the first chunk waited; the rest follow it
+    cl_int err = clEnqueueReadBuffer(e.queue, b.mem.get(), CL_TRUE, req.offset + off, n, chunk, 0, nullptr, nullptr);
     return err == CL_SUCCESS ? Status::Ok() : ClError(err, "clEnqueueReadBuffer", fmt::format("chunk at {}", off));
   }));
   return SignalAfter(e);
