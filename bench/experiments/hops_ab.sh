@@ -33,13 +33,7 @@ if [[ ${BUILD:-1} != 0 ]]; then
 fi
 experiment_env "$W"
 declare -A addr
-for t in "${trees[@]}"; do
-  for backend in cuda opencl; do
-    # Not $(...): the server must stay this shell's child for the cleanup.
-    start_experiment_server "$P-$t/server/tandemd" $backend "$W/tandemd-$t-$backend.log" >"$W/addr"
-    addr[$t-$backend]=$(cat "$W/addr")
-  done
-done
+for t in "${trees[@]}"; do start_tree_servers "$t" "$P-$t"; done
 sleep 2
 export OCL_ICD_VENDORS=$vendors OCL_ICD_FILENAMES=$libs
 loops() {  # loops BUILD|native: the six loops' p50s on one line

@@ -13,14 +13,8 @@ source bench/experiments/lib.sh
 build_ab "$BASE_TAR" /tmp/idle-ab "tandemd tandem tandem_cudart tandem_opencl opencl_bench tandem_cuda_bench" || exit 1
 experiment_env "$W"
 declare -A addr
-for tree in new base; do
-  build=$N; [[ $tree == base ]] && build=$B
-  for backend in cuda opencl; do
-    # Not $(...): the server must stay this shell's child for the cleanup.
-    start_experiment_server "$build/server/tandemd" $backend "$W/tandemd-$tree-$backend.log" >"$W/addr"
-    addr[$tree-$backend]=$(cat "$W/addr")
-  done
-done
+start_tree_servers new "$N"
+start_tree_servers base "$B"
 sleep 2
 echo "== native opencl: $(OCL_ICD_VENDORS=$vendors OCL_ICD_FILENAMES=$libs "$N/bench/opencl_bench" --idle 2>/dev/null | idle_rows)"
 echo "== native cuda:   $("$N/bench/cuda_bench" --idle 2>/dev/null | grep readback | idle_rows)"

@@ -56,6 +56,17 @@ start_experiment_server() {
   echo 127.0.0.1:$port
 }
 
+# start_tree_servers TREE BUILD: one CUDA and one OpenCL tandemd of BUILD (logs in $W); their
+# addresses go to addr[TREE-cuda] and addr[TREE-opencl] (the caller's associative array).
+start_tree_servers() {
+  local backend
+  for backend in cuda opencl; do
+    # Not $(...): the server must stay this shell's child for the cleanup.
+    start_experiment_server "$2/server/tandemd" $backend "$W/tandemd-$1-$backend.log" >"$W/addr"
+    addr[$1-$backend]=$(cat "$W/addr")
+  done
+}
+
 stop_experiment_servers() {
   local pid
   for pid in "${pids[@]}"; do stop_tandemd "$pid"; done
