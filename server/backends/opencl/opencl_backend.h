@@ -315,7 +315,8 @@ class OpenCLBackend : public Backend {
   std::unordered_map<uint64_t, Stream> streams_;
   std::unordered_map<uint64_t, Event> events_;
   // Guards changes to events_ against OnUserEventSet, which runs on the receive thread;
-  // the executor, the only writer, reads without it.
+  // the executor, the only writer, reads without it. Also held from a command's wait-list
+  // check to its enqueue (Enqueue::no_failures), so OnUserEventSet fails no event between.
   std::mutex events_mu_;
   std::function<void()> after_wait_check_;
 };
