@@ -3,7 +3,8 @@
  * event is a user event set to -42, or a marker that failed because of one. Prints each
  * dependent command's status 0.5 s later (negative: failed with its dependency; 3,
  * CL_QUEUED: it never runs nor ends, as PoCL 3.1 and 5.0 leave it), or the error its enqueue
- * returns (NVIDIA's OpenCL refuses it with the failed event's status). Behind OpenCLBackend::Prepare's
+ * returns (NVIDIA's OpenCL refuses it with the failed event's status), and whether a marker
+ * waiting on the user event has failed by the time clSetUserEventStatus returns. Behind OpenCLBackend::Prepare's
  * check of the wait list (bench/results/2026-11-24-h100-g.md).
  *   gcc -I.deps/include -o /tmp/fwl bench/experiments/failed_wait_list.c -lOpenCL && /tmp/fwl */
 #include <unistd.h>
@@ -29,6 +30,11 @@ static void run(example_env* env, cl_command_queue q, int through_marker, int be
   }
   if (!before) {
     CHECK(clSetUserEventStatus(user, -42));
+    /* Whether the failure reached the marker within that call: then a lock around the call
+     * keeps the marker's failure out of a window too. */
+    if (through_marker)
+      printf("%-28s right after clSetUserEventStatus returned: the marker's status %d\n", "the marker waiting on it",
+             status_of(first));
     usleep(200000);
   }
   const char* what = through_marker ? "after a marker that failed" : "after a failed user event";

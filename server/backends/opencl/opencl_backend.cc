@@ -252,8 +252,10 @@ Status OpenCLBackend::Prepare(uint64_t stream, uint32_t device, const ir::u64s& 
   // before the executor reaches a command the program enqueued earlier. Such a command is not
   // enqueued: it fails here, as OpenCL has it fail, and its signal with it. Both failures
   // are set through OnUserEventSet, which takes events_mu_: held from this look to the
-  // enqueue call, it keeps them out of the window between. (An event that fails on the
-  // device, or because its own wait list failed, is not covered.)
+  // enqueue call, it keeps them out of the window between. On PoCL 3.1 and 5.0 the commands
+  // already waiting on such a user event fail within that same call (failed_wait_list.c), so
+  // they are covered too. Not covered: a failure on the device, and a server-to-server
+  // gate's (set off the executor without this lock, opencl_async.cc).
   e->no_failures = std::unique_lock<std::mutex>(events_mu_);
   for (const auto& [h, ce] : same_device) {
     cl_int status = CL_COMPLETE;
