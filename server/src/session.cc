@@ -250,12 +250,23 @@ Status Session::ExecuteUrgent(const ir::UserEventSetReq& req, ir::UserEventSetRe
 template <class Req>
 void Session::Run(const ir::Record& rec, ir::BatchWriter& out) {
   if (log::TraceEnabled()) log::Trace("run #{} {}", rec.header.seq, ir::TraceRequest(rec.header.opcode, rec.payload));
-  Req req;
+  // A Launch, the command a program sends most, is decoded into one request per thread,
+  // reused, so its vectors (grid, block, arguments and their bytes) are not allocated anew
+  // for every record.
+  Req local;
+  Req& req = [&]() -> Req& {
+    if constexpr (std::is_same_v<Req, ir::LaunchReq>) {
+      static thread_local Req reused;
+      return reused;
+    } else {
+      return local;
+    }
+  }();
   Status st = ir::DecodeRequest(rec.payload, &req);
   // A malformed record is always answered: its flags cannot be trusted to say otherwise.
   if (!st.ok()) return ReplyError(rec, st, out);
   auto rep = std::make_shared<typename Req::Reply>();
-  const auto started = std::chrono::steady_clock::now();
+  const auto started = profile_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
   st = Execute(req, rep.get());
   if (profile_) profile_->Add(std::string(Req::kName), std::chrono::steady_clock::now() - started);
   if (log::TraceEnabled()) log::Trace("ran #{} {}: {}", rec.header.seq, Req::kName, st.ToString());

@@ -14,6 +14,7 @@ namespace {
 // swapped by the codec changes the re-encoded bytes.
 struct Filler {
   uint64_t n = 1;
+  size_t items = 2;  // elements of every list
   template <class T>
   void operator()(T& f, const char*) { Fill(f); }
   template <class T>
@@ -21,10 +22,10 @@ struct Filler {
   void Fill(T& v) { v = static_cast<T>(n++ * 0x0101010101010101ull); }
   void Fill(f64& v) { v = static_cast<double>(n++) + 0.5; }
   void Fill(str& s) { s = "s" + std::to_string(n++); }
-  void Fill(bytes& b) { b.assign(3 + n % 5, static_cast<uint8_t>(n)); ++n; }
+  void Fill(bytes& b) { b.assign(3 + n % 5 + (items > 2 ? 16 : 0), static_cast<uint8_t>(n)); ++n; }
   template <class T>
   void Fill(std::vector<T>& v) {
-    v.resize(2);
+    v.resize(items);
     for (auto& e : v) Fill(e);
   }
   template <class T>
@@ -67,6 +68,24 @@ TEST(Codec, EveryCommandRoundTrips) {
     EXPECT_EQ(Encode(rep_back), Encode(rep)) << Req::kName;
   });
   EXPECT_EQ(static_cast<size_t>(n), kCommandCount);
+}
+
+// Decoding into a request that held another one (the server reuses its Launch request)
+// gives what decoding into a fresh one gives: longer lists are cut, every field overwritten.
+TEST(Codec, DecodingIntoAUsedRequestGivesAFreshOnesResult) {
+  ForEachCommand([&]<class Req>() {
+    Req small, large;
+    Filler fs{.n = 1, .items = 2}, fl{.n = 1000, .items = 5};
+    VisitFields(small, fs);
+    VisitFields(large, fl);
+    const auto small_wire = Encode(small), large_wire = Encode(large);
+    Req used;
+    ASSERT_TRUE(DecodeRequest(large_wire, &used).ok()) << Req::kName;
+    ASSERT_TRUE(DecodeRequest(small_wire, &used).ok()) << Req::kName;
+    EXPECT_EQ(Encode(used), small_wire) << Req::kName << ": after a larger one";
+    ASSERT_TRUE(DecodeRequest(large_wire, &used).ok()) << Req::kName;
+    EXPECT_EQ(Encode(used), large_wire) << Req::kName << ": after a smaller one";
+  });
 }
 
 TEST(Codec, OpcodesAreUniqueAndNamed) {

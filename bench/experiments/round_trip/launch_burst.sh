@@ -1,21 +1,45 @@
 #!/usr/bin/env bash
 # Where CUDA's asynchronous launch rate goes through Tandem (GPU machine, from the repository
-# root): builds tandemd, the tandem tool and the runtime, then runs launch_burst (30 bursts
-# of 1000 empty-kernel launches, each then synchronized) three times natively and three
-# times through one CUDA tandemd with TANDEM_SERVER_PROFILE=1, and prints the worker's
-# profile: its time per Launch and per request batch.
+# root): launch_burst (30 bursts of 1000 empty-kernel launches, each then synchronized) three
+# times natively and three times through one CUDA tandemd with TANDEM_SERVER_PROFILE=1, then
+# the worker's profile: its time per Launch and per request batch.
 #   device tool: run(command="bash bench/experiments/round_trip/launch_burst.sh", carry=[".deps"])
+# With a base tree (a `git archive` tarball), no profile: ROUNDS rounds in which the base and
+# the working tree, one tandemd each, run it in turn.
+#   run(command="bash bench/experiments/round_trip/launch_burst.sh .scratch/base.tar 8", carry=[".deps", ".scratch"])
 set -u
-source scripts/lib/tandemd.sh
-B=/tmp/burst-build
-cmake -S . -B $B -G Ninja -DTANDEM_WERROR=OFF -DTANDEM_CUDA_PROGRAMS=OFF >/dev/null && ninja -C $B tandemd tandem tandem_cudart >/tmp/burst-build.log 2>&1 || { tail -20 /tmp/burst-build.log; exit 1; }
-nvcc -O2 -cudart shared -o /tmp/launch_burst bench/experiments/round_trip/launch_burst.cu || exit 1
-for i in 1 2 3; do echo "native: $(/tmp/launch_burst 1000 30)"; done
-p=$(free_port)
-TANDEM_SERVER_PROFILE=1 TANDEM_LOG=info setsid $B/server/tandemd --listen 127.0.0.1:$p --backend cuda > /tmp/burst-srv.log 2>&1 &
-pid=$!
+BASE_TAR=${1:-} ROUNDS=${2:-6}
+source bench/experiments/lib.sh
+targets="tandemd tandem tandem_cudart"
+if [[ -z $BASE_TAR ]]; then
+  N=/tmp/burst-new W=/tmp/burst-work
+  rm -rf "$W" && mkdir -p "$W" && build_tree . "$N" "$W" new "$targets" -DTANDEM_CUDA_PROGRAMS=OFF || exit 1
+else
+  build_ab "$BASE_TAR" /tmp/burst "$targets" -DTANDEM_CUDA_PROGRAMS=OFF || exit 1
+fi
+nvcc -O2 -cudart shared -o "$W/launch_burst" bench/experiments/round_trip/launch_burst.cu || exit 1
+experiment_env "$W"
+for i in 1 2 3; do echo "native: $("$W/launch_burst" 1000 30)"; done
+if [[ -z $BASE_TAR ]]; then
+  # Not $(...): the server must stay this shell's child for the cleanup.
+  TANDEM_SERVER_PROFILE=1 TANDEM_LOG=info start_experiment_server "$N/server/tandemd" cuda "$W/tandemd.log" >"$W/addr"
+  sleep 1.5
+  for i in 1 2 3; do echo "tandem: $("$N/tools/tandem" run --servers "$(cat "$W/addr")" -- "$W/launch_burst" 1000 30 2>&1 | grep burst)"; done
+  sleep 1
+  stop_experiment_servers
+  grep "profile:" "$W/tandemd.log" | head -40
+  exit 0
+fi
+declare -A addr
+for tree in new base; do
+  build=$N; [[ $tree == base ]] && build=$B
+  start_experiment_server "$build/server/tandemd" cuda "$W/tandemd-$tree.log" >"$W/addr"
+  addr[$tree]=$(cat "$W/addr")
+done
 sleep 1.5
-for i in 1 2 3; do echo "tandem: $($B/tools/tandem run --servers 127.0.0.1:$p -- /tmp/launch_burst 1000 30 2>&1 | grep burst)"; done
-sleep 1
-stop_tandemd $pid
-grep "profile:" /tmp/burst-srv.log | head -40
+for round in $(seq "$ROUNDS"); do
+  for tree in base new; do
+    build=$N; [[ $tree == base ]] && build=$B
+    echo "$tree $round: $("$build/tools/tandem" run --servers "${addr[$tree]}" -- "$W/launch_burst" 1000 30 2>&1 | grep burst)"
+  done
+done

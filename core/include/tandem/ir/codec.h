@@ -150,7 +150,8 @@ bool Get(Reader& r, std::vector<T>* v) {
   uint32_t n;
   // Every element encodes to at least one byte (structs: at least 4), bounding n by the data left.
   if (!r.GetCount(&n, kMaxListItems, std::is_integral_v<T> ? sizeof(T) : 1)) return false;
-  v->clear();
+  // Not cleared first: every element is overwritten, so one decoded into again (a reused
+  // request, Session::Run) keeps its elements' own capacity.
   v->resize(n);
   for (auto& e : *v)
     if (!Get(r, &e)) return false;
