@@ -273,7 +273,7 @@ Status OpenCLBackend::Prepare(uint64_t stream, uint32_t device, const ir::u64s& 
 }
 
 void OpenCLBackend::Complete(Enqueue& e) {
-  if (e.no_failures.owns_lock()) e.no_failures.unlock();
+  e.EndFailureCheck();
   if (!e.done) return;
   if (e.signal == 0) {
     clReleaseEvent(e.done);
@@ -299,7 +299,7 @@ void OpenCLBackend::FlushBeforeWait(cl_command_queue q) {
 }
 
 Status OpenCLBackend::WaitOnHost(Enqueue& e) {
-  if (e.no_failures.owns_lock()) e.no_failures.unlock();  // a failure now ends the wait
+  e.EndFailureCheck();  // a failure now ends the wait
   if (e.wait.empty()) return Status::Ok();
   cl_int err = clWaitForEvents(e.num_wait(), e.wait_list());
   if (err != CL_SUCCESS) return ClError(err, "clWaitForEvents");

@@ -152,9 +152,14 @@ struct Enqueue {
   uint64_t signal = 0;
   cl_event done = nullptr;  // the command's event, filled by the enqueue call
   // The backend's events_mu_, held from the check of the wait list's statuses to the enqueue
-  // call (released by Complete, WaitOnHost, or with the Enqueue): no event of the wait list
-  // is failed by OnUserEventSet in between. Never held across a wait.
+  // call (released by EndFailureCheck, which Complete and WaitOnHost call, or with the
+  // Enqueue): no event of the wait list is failed by OnUserEventSet in between. Never held
+  // across a wait.
   std::unique_lock<std::mutex> no_failures;
+  // The enqueue call is made, or a wait follows: OnUserEventSet may fail events again.
+  void EndFailureCheck() {
+    if (no_failures.owns_lock()) no_failures.unlock();
+  }
   cl_uint num_wait() const { return static_cast<cl_uint>(wait.size()); }
   const cl_event* wait_list() const { return wait.empty() ? nullptr : wait.data(); }
   // Where the enqueue call writes its event: only when a signal (or the caller) needs it.
