@@ -20,7 +20,7 @@ echo "== native opencl: $(OCL_ICD_VENDORS=$vendors OCL_ICD_FILENAMES=$libs "$N/b
 echo "== native cuda:   $("$N/bench/cuda_bench" --idle 2>/dev/null | grep readback | idle_rows)"
 for round in $(seq "$ROUNDS"); do
   for tree in base new; do
-    build=$N; [[ $tree == base ]] && build=$B
+    build=$(ab_build $tree)
     echo "== $tree $round opencl: $(timeout 120 "$build/tools/tandem" run --servers "${addr[$tree-opencl]}" -- "$build/bench/opencl_bench" --idle 2>/dev/null | idle_rows)"
     echo "== $tree $round cuda:   $(timeout 120 "$build/tools/tandem" run --servers "${addr[$tree-cuda]}" -- "$build/bench/cuda_bench" --idle 2>/dev/null | grep readback | idle_rows)"
   done

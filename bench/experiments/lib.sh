@@ -56,15 +56,29 @@ start_experiment_server() {
   echo 127.0.0.1:$port
 }
 
+# start_server_as KEY TANDEMD BACKEND LOG: start_experiment_server, its address going to
+# addr[KEY] (the caller's associative array).
+start_server_as() {
+  # Not $(...): the server must stay this shell's child for the cleanup.
+  start_experiment_server "$2" "$3" "$4" >"$W/addr"
+  addr[$1]=$(cat "$W/addr")
+}
+
 # start_tree_servers TREE BUILD: one CUDA and one OpenCL tandemd of BUILD (logs in $W); their
-# addresses go to addr[TREE-cuda] and addr[TREE-opencl] (the caller's associative array).
+# addresses go to addr[TREE-cuda] and addr[TREE-opencl].
 start_tree_servers() {
   local backend
-  for backend in cuda opencl; do
-    # Not $(...): the server must stay this shell's child for the cleanup.
-    start_experiment_server "$2/server/tandemd" $backend "$W/tandemd-$1-$backend.log" >"$W/addr"
-    addr[$1-$backend]=$(cat "$W/addr")
-  done
+  for backend in cuda opencl; do start_server_as "$1-$backend" "$2/server/tandemd" $backend "$W/tandemd-$1-$backend.log"; done
+}
+
+# ab_build TREE: the build of tree new or base (build_ab's $N or $B).
+ab_build() { if [[ $1 == base ]]; then echo "$B"; else echo "$N"; fi; }
+
+# start_ab_servers BACKEND: one tandemd of BACKEND from each of build_ab's builds; their
+# addresses go to addr[new] and addr[base].
+start_ab_servers() {
+  local tree
+  for tree in new base; do start_server_as $tree "$(ab_build $tree)/server/tandemd" "$1" "$W/tandemd-$tree.log"; done
 }
 
 stop_experiment_servers() {

@@ -18,11 +18,7 @@ gcc -O2 -I.deps/include -o "$W/ocl_loop" $here/ocl_loop.c -lOpenCL &&
   gcc -O2 -I.deps/include -o "$W/ocl_sync_paths" $here/ocl_sync_paths.c -lOpenCL -lpthread || exit 1
 experiment_env "$W"
 declare -A addr
-for tree in new base; do
-  build=$N; [[ $tree == base ]] && build=$B
-  start_experiment_server "$build/server/tandemd" opencl "$W/tandemd-$tree.log" >"$W/addr"
-  addr[$tree]=$(cat "$W/addr")
-done
+start_ab_servers opencl
 sleep 2
 loops() {  # loops [TANDEM RUN PREFIX...]: the three loops' p50s on one line
   local m line=""
@@ -34,7 +30,6 @@ export OCL_ICD_VENDORS=$vendors OCL_ICD_FILENAMES=$libs
 echo "== native: $(loops)"
 for round in $(seq "$ROUNDS"); do
   for tree in base new; do
-    build=$N; [[ $tree == base ]] && build=$B
-    echo "== $tree $round: $(loops "$build/tools/tandem" run --servers "${addr[$tree]}" --)"
+    echo "== $tree $round: $(loops "$(ab_build $tree)/tools/tandem" run --servers "${addr[$tree]}" --)"
   done
 done

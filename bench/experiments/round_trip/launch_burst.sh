@@ -19,27 +19,21 @@ else
 fi
 nvcc -O2 -cudart shared -o "$W/launch_burst" bench/experiments/round_trip/launch_burst.cu || exit 1
 experiment_env "$W"
+declare -A addr
 for i in 1 2 3; do echo "native: $("$W/launch_burst" 1000 30)"; done
 if [[ -z $BASE_TAR ]]; then
-  # Not $(...): the server must stay this shell's child for the cleanup.
-  TANDEM_SERVER_PROFILE=1 TANDEM_LOG=info start_experiment_server "$N/server/tandemd" cuda "$W/tandemd.log" >"$W/addr"
+  TANDEM_SERVER_PROFILE=1 TANDEM_LOG=info start_server_as profiled "$N/server/tandemd" cuda "$W/tandemd.log"
   sleep 1.5
-  for i in 1 2 3; do echo "tandem: $("$N/tools/tandem" run --servers "$(cat "$W/addr")" -- "$W/launch_burst" 1000 30 2>&1 | grep burst)"; done
+  for i in 1 2 3; do echo "tandem: $("$N/tools/tandem" run --servers "${addr[profiled]}" -- "$W/launch_burst" 1000 30 2>&1 | grep burst)"; done
   sleep 1
   stop_experiment_servers
   grep "profile:" "$W/tandemd.log" | head -40
   exit 0
 fi
-declare -A addr
-for tree in new base; do
-  build=$N; [[ $tree == base ]] && build=$B
-  start_experiment_server "$build/server/tandemd" cuda "$W/tandemd-$tree.log" >"$W/addr"
-  addr[$tree]=$(cat "$W/addr")
-done
+start_ab_servers cuda
 sleep 1.5
 for round in $(seq "$ROUNDS"); do
   for tree in base new; do
-    build=$N; [[ $tree == base ]] && build=$B
-    echo "$tree $round: $("$build/tools/tandem" run --servers "${addr[$tree]}" -- "$W/launch_burst" 1000 30 2>&1 | grep burst)"
+    echo "$tree $round: $("$(ab_build $tree)/tools/tandem" run --servers "${addr[$tree]}" -- "$W/launch_burst" 1000 30 2>&1 | grep burst)"
   done
 done
