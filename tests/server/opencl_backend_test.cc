@@ -415,6 +415,43 @@ TEST_F(OpenCLBackendTest, WaitEventFailedDuringTheEnqueueStillEndsTheCommand) {
   EXPECT_EQ(Read(1, 0, 4), (ir::bytes{7, 7, 7, 7}));
 }
 
+// The same window for a server-to-server transfer's gate: the bytes' arrival (here, a lost
+// source) fails the gate on another thread while the executor enqueues a command that waits on
+// the transfer. The gate fails under the same lock, so the marker is enqueued first and fails
+// with the transfer instead of staying queued for good (PoCL).
+TEST_F(OpenCLBackendTest, TransferGateFailedDuringTheEnqueueStillEndsTheCommand) {
+  Alloc(1, 64);
+  auto* ocl = dynamic_cast<opencl::OpenCLBackend*>(be_.get());
+  ASSERT_NE(ocl, nullptr);
+  auto pending = be_->WriteFromHost(0, 1, 0, 64, {}, 95);
+  ASSERT_TRUE(pending.ok()) << pending.status().ToString();
+  std::thread releaser;
+  ocl->set_after_wait_check_for_test([&] {
+    if (releaser.joinable()) return;
+    releaser = std::thread([&] { pending->release(Status(Code::kLinkLost, "test: the source server went away")); });
+    // Time enough for the other thread to fail the gate, unless it has to wait.
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  });
+  ir::MarkerRep mrep;
+  Status marked = be_->OnMarker({0, 0, {95}, 96}, &mrep);
+  ocl->set_after_wait_check_for_test(nullptr);
+  ASSERT_TRUE(releaser.joinable());
+  releaser.join();
+  ASSERT_TRUE(marked.ok()) << marked.ToString();
+  ir::EventQueryRep q;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  do {
+    ASSERT_TRUE(be_->OnEventQuery({96}, &q).ok());
+    if (q.status < 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  } while (std::chrono::steady_clock::now() < deadline);
+  EXPECT_LT(q.status, 0) << "the marker never ended: enqueued after the transfer's gate had failed";
+  ASSERT_TRUE(be_->OnEventQuery({95}, &q).ok());
+  EXPECT_LT(q.status, 0) << "the transfer did not fail with its gate";
+  ASSERT_TRUE(Write(1, 0, {7, 7, 7, 7}).ok());
+  EXPECT_EQ(Read(1, 0, 4), (ir::bytes{7, 7, 7, 7}));
+}
+
 // The pool itself: 16 distinct slots, none when all are out, each back when its last
 // reference goes (copies included), and a slot still out keeps the pool mapped.
 TEST(ReadSlotsPool, TakeUntilEmptyAndGiveBack) {

@@ -283,15 +283,19 @@ Result<PendingWrite> OpenCLBackend::WriteFromHost(uint64_t stream, uint64_t buff
   PendingWrite pending;
   pending.staging = host;
   // Runs where the bytes arrived (the worker's receive thread): the blocking write goes to the
-  // watcher's thread.
-  pending.release = [tmp = st->tmp, gate, queue = st->transfer, host, size](const Status& got) {
-    if (!got.ok()) {
-      clSetUserEventStatus(gate->get(), FailedStatus(got));
-      return;
-    }
-    EventWatcher::Get().Post([tmp, gate, queue, host, size] {
+  // watcher's thread. A failed gate fails the copy and, on PoCL, within the same call every
+  // command already waiting on the copy's event; one the executor enqueues right after would
+  // never end (see Prepare). So the gate fails under events_mu_, as OnUserEventSet fails events.
+  auto fail = [gate, mu = events_mu_owner_](cl_int status) {
+    std::lock_guard<std::mutex> lock(*mu);
+    clSetUserEventStatus(gate->get(), status);
+  };
+  pending.release = [tmp = st->tmp, gate, queue = st->transfer, host, size, fail](const Status& got) {
+    if (!got.ok()) return fail(FailedStatus(got));
+    EventWatcher::Get().Post([tmp, gate, queue, host, size, fail] {
       cl_int err = clEnqueueWriteBuffer(queue->get(), tmp->get(), CL_TRUE, 0, size, host->data(), 0, nullptr, nullptr);
-      clSetUserEventStatus(gate->get(), err == CL_SUCCESS ? CL_COMPLETE : err);
+      if (err != CL_SUCCESS) return fail(err);
+      clSetUserEventStatus(gate->get(), CL_COMPLETE);
     });
   };
   return pending;

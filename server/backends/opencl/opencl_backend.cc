@@ -254,8 +254,9 @@ Status OpenCLBackend::Prepare(uint64_t stream, uint32_t device, const ir::u64s& 
   // are set through OnUserEventSet, which takes events_mu_: held from this look to the
   // enqueue call, it keeps them out of the window between. On PoCL 3.1 and 5.0 the commands
   // already waiting on such a user event fail within that same call (failed_wait_list.c), so
-  // they are covered too. Not covered: a failure on the device, and a server-to-server
-  // gate's (set off the executor without this lock, opencl_async.cc).
+  // they are covered too, and so is a server-to-server gate's failure (WriteFromHost sets it
+  // under the same lock). Not covered: a failure on the device, which natively races the
+  // program's enqueue in the same way.
   e->no_failures = std::unique_lock<std::mutex>(events_mu_);
   for (const auto& [h, ce] : same_device) {
     cl_int status = CL_COMPLETE;

@@ -153,8 +153,8 @@ struct Enqueue {
   cl_event done = nullptr;  // the command's event, filled by the enqueue call
   // The backend's events_mu_, held from the check of the wait list's statuses to the enqueue
   // call (released by EndFailureCheck, which Complete and WaitOnHost call, or with the
-  // Enqueue): no event of the wait list is failed by OnUserEventSet in between. Never held
-  // across a wait.
+  // Enqueue): no event of the wait list is failed by OnUserEventSet or a server-to-server
+  // gate in between. Never held across a wait.
   std::unique_lock<std::mutex> no_failures;
   // The enqueue call is made, or a wait follows: OnUserEventSet may fail events again.
   void EndFailureCheck() {
@@ -321,8 +321,11 @@ class OpenCLBackend : public Backend {
   std::unordered_map<uint64_t, Event> events_;
   // Guards changes to events_ against OnUserEventSet, which runs on the receive thread;
   // the executor, the only writer, reads without it. Also held from a command's wait-list
-  // check to its enqueue (Enqueue::no_failures), so OnUserEventSet fails no event between.
-  std::mutex events_mu_;
+  // check to its enqueue (Enqueue::no_failures), so OnUserEventSet fails no event between,
+  // nor a server-to-server gate's release (WriteFromHost), which holds it through
+  // events_mu_owner_ since it may run after the backend is gone.
+  std::shared_ptr<std::mutex> events_mu_owner_ = std::make_shared<std::mutex>();
+  std::mutex& events_mu_ = *events_mu_owner_;
   std::function<void()> after_wait_check_;
 };
 
