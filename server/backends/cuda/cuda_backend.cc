@@ -90,6 +90,9 @@ Status CudaBackend::Enter(uint32_t device) {
     CUcontext ctx = nullptr;
     TANDEM_RETURN_IF_ERROR(Check(device, drv_->cuDevicePrimaryCtxRetain(&ctx, d.dev), "cuDevicePrimaryCtxRetain"));
     d.ctx = ctx;
+    TANDEM_RETURN_IF_ERROR(Check(device, drv_->cuCtxSetCurrent(d.ctx), "cuCtxSetCurrent"));
+    LoadWarm(device);
+    return Status::Ok();
   }
   return Check(device, drv_->cuCtxSetCurrent(d.ctx), "cuCtxSetCurrent");
 }
@@ -159,6 +162,7 @@ std::vector<uint8_t*> CudaBackend::ReleaseDevice(uint32_t device, bool keep_rese
   d.warm_module = nullptr;
   d.warm_kernel = nullptr;
   d.warm_scratch = 0;
+  d.warm_error = Status::Ok();
   // Callbacks still queued on it run (with the reset's status) as the stream goes.
   if (d.notify_stream) Forget("cuStreamDestroy", device, drv_->cuStreamDestroy(d.notify_stream));
   d.notify_stream = nullptr;

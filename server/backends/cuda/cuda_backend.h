@@ -103,11 +103,12 @@ class CudaBackend final : public Backend {
     bool read_buffer_failed = false;  // pinning failed once: read into the reply
     UserFlagPages flags;
     // Keepalive (OnWarm): its own stream, an empty kernel and a small device scratch
-    // (a module global), created on first use.
+    // (a module global), created with the context (LoadWarm); warm_error when that failed.
     CUstream warm_stream = nullptr;
     CUmodule warm_module = nullptr;
     CUfunction warm_kernel = nullptr;
     CUdeviceptr warm_scratch = 0;
+    Status warm_error;
     // Cross-server event waits (NotifyWhenDone): a stream of its own waits on each exported
     // event and then runs a host callback, created on first use.
     CUstream notify_stream = nullptr;
@@ -171,6 +172,8 @@ class CudaBackend final : public Backend {
   // Makes the device's context current on this thread (retaining it on first use); fails
   // with the device's sticky error once it has one.
   Status Enter(uint32_t device);
+  // The keepalive's stream and module, made right after the context (cuda_warm.cc).
+  void LoadWarm(uint32_t device);
   // Driver result of a call on `device`: a sticky error is remembered for the device.
   Status Check(uint32_t device, CUresult r, std::string_view call);
   // Frees the session's resources on the device and releases its context; reservations too

@@ -1,11 +1,13 @@
 // Keepalive (ir Warm): a small copy to the device and back and/or an empty kernel, on a
 // stream of its own so it never orders against the program's work. The kernel and the
-// device scratch come from a tiny PTX module (JIT-compiled once per device).
+// device scratch come from a tiny PTX module, JIT-compiled when the session's context on the
+// device is made.
 #include <fmt/format.h>
 
 #include <cstring>
 
 #include "cuda_backend.h"
+#include "tandem/log.h"
 
 namespace tandem::server::cuda {
 namespace {
@@ -23,32 +25,44 @@ constexpr char kWarmPtx[] = R"PTX(
 
 }  // namespace
 
+// Made with the context, not on the first Warm: the module's global takes device address
+// space, and a keepalive arrives when the link has been quiet, at a moment no replica shares.
+// Loaded lazily, it moved every module global the program loaded after it, so replicas of a
+// fault-tolerant client (which address a global by the primary's address) could disagree, and
+// a spare replaying the log would place globals where no Warm had gone before. A failure here
+// only disables the keepalive on the device: OnWarm answers it.
+void CudaBackend::LoadWarm(uint32_t device) {
+  Device& d = devices_[device];
+  CUstream stream = nullptr;
+  Status st = Check(device, drv_->cuStreamCreateWithPriority(&stream, CU_STREAM_NON_BLOCKING, 0), "cuStreamCreateWithPriority");
+  CUmodule module = nullptr;
+  if (st.ok()) st = Check(device, drv_->cuModuleLoadData(&module, kWarmPtx), "cuModuleLoadData (keepalive)");
+  CUfunction kernel = nullptr;
+  CUdeviceptr scratch = 0;
+  size_t size = 0;
+  if (st.ok()) st = Check(device, drv_->cuModuleGetFunction(&kernel, module, "tandem_warm_empty"), "cuModuleGetFunction");
+  if (st.ok()) st = Check(device, drv_->cuModuleGetGlobal(&scratch, &size, module, "tandem_warm_scratch"), "cuModuleGetGlobal");
+  if (!st.ok()) {
+    if (module) Forget("cuModuleUnload", device, drv_->cuModuleUnload(module));
+    if (stream) Forget("cuStreamDestroy", device, drv_->cuStreamDestroy(stream));
+    log::Warn("device {}: no keepalive on this device: {}", device, st.message());
+    d.warm_error = st;
+    return;
+  }
+  d.warm_stream = stream;
+  d.warm_module = module;
+  d.warm_kernel = kernel;
+  d.warm_scratch = scratch;
+  d.warm_error = Status::Ok();
+}
+
 Status CudaBackend::OnWarm(const ir::WarmReq& req, ir::WarmRep* rep) {
   TANDEM_RETURN_IF_ERROR(CheckDevice(req.device));
   const auto device = static_cast<uint32_t>(req.device);
   TANDEM_RETURN_IF_ERROR(Enter(device));
   Device& d = devices_[device];
-  if (!d.warm_stream) {
-    CUstream stream = nullptr;
-    TANDEM_RETURN_IF_ERROR(
-        Check(device, drv_->cuStreamCreateWithPriority(&stream, CU_STREAM_NON_BLOCKING, 0), "cuStreamCreateWithPriority"));
-    CUmodule module = nullptr;
-    Status st = Check(device, drv_->cuModuleLoadData(&module, kWarmPtx), "cuModuleLoadData (keepalive)");
-    CUfunction kernel = nullptr;
-    CUdeviceptr scratch = 0;
-    size_t size = 0;
-    if (st.ok()) st = Check(device, drv_->cuModuleGetFunction(&kernel, module, "tandem_warm_empty"), "cuModuleGetFunction");
-    if (st.ok()) st = Check(device, drv_->cuModuleGetGlobal(&scratch, &size, module, "tandem_warm_scratch"), "cuModuleGetGlobal");
-    if (!st.ok()) {
-      if (module) Forget("cuModuleUnload", device, drv_->cuModuleUnload(module));
-      Forget("cuStreamDestroy", device, drv_->cuStreamDestroy(stream));
-      return st;
-    }
-    d.warm_stream = stream;
-    d.warm_module = module;
-    d.warm_kernel = kernel;
-    d.warm_scratch = scratch;
-  }
+  if (!d.warm_stream)
+    return d.warm_error.ok() ? Status(Code::kInternal, fmt::format("device {}: no keepalive resources", device)) : d.warm_error;
   const size_t n = req.data.size();
   // Copies go through pageable memory, as the program's reads do here (an inline read lands in
   // the reply's bytes): pinned warm-ups kept that path no warmer (H100, 2026-11-24).
