@@ -473,9 +473,14 @@ Result<std::unique_ptr<BulkIO>> FabricPeerLink::Source(uint64_t transfer, uint64
   }
   Pull pull = pulls_[transfer];
   pulls_.erase(transfer);
-  if (pull.size != size)
-    return Status::Invalid(
+  if (pull.size != size) {
+    const Status st = Status::Invalid(
         fmt::format("PeerSend: transfer {:#x} is {} bytes here, the puller asked for {}", transfer, size, pull.size));
+    // The puller hears it, as from QueueSend: an asynchronous one would otherwise wait for ever.
+    lock.unlock();
+    SendAlone(pull.peer, AbortOf(transfer, st));
+    return st;
+  }
   return std::unique_ptr<BulkIO>(new PeerSource(this, pull.peer, transfer, size, pull.rma));
 }
 
@@ -584,7 +589,10 @@ void FabricPeerLink::CloseInbox(uint64_t transfer) {
 bool FabricPeerLink::OnMessage(fabric::PeerId peer, std::vector<uint8_t>&& message) {
   std::vector<ir::Record> records;
   Status st = ir::ParseBatch(message, ir::BatchKind::kRequests, &records);
-  if (!st.ok() || records.empty()) return false;
+  if (!st.ok() || records.empty()) {
+    OnPeerLost(peer, Status(Code::kProtocol, "it sent a malformed server-to-server message"));
+    return false;
+  }
   // A chunk keeps the message it came in (one PeerData per message): its bytes are not copied.
   auto owner = std::make_shared<std::vector<uint8_t>>(std::move(message));
   // Done once the lock is released: answers to watches, and imported events' outcomes.
@@ -603,6 +611,9 @@ bool FabricPeerLink::OnMessage(fabric::PeerId peer, std::vector<uint8_t>&& messa
   after.released.clear();
   for (auto& [done, status] : after.outcomes) done(status);
   for (auto& [done, status] : after.finished) done(status);
+  // The caller refuses the peer and closes its connection, which raises no kPeerLost here:
+  // what waits on that peer fails now instead of for ever.
+  if (!ok) OnPeerLost(peer, Status(Code::kProtocol, "it sent a malformed or unexpected server-to-server message"));
   return ok;
 }
 

@@ -76,7 +76,8 @@ class FabricPeerLink final : public PeerLink {
                 std::function<void(const Status&)> done) override;
 
   // A message from a peer other than the session's client. False when it is not a valid
-  // peer message (the caller refuses the peer).
+  // peer message: everything waiting on that peer has then failed as by OnPeerLost, and the
+  // caller refuses the peer.
   bool OnMessage(fabric::PeerId peer, std::vector<uint8_t>&& message);
   void OnPeerLost(fabric::PeerId peer, const Status& why);
 

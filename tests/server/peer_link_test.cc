@@ -322,6 +322,35 @@ TEST(PeerLink, BadRegionsAndReleasesFailOnlyTheirOwnTransfer) {
   EXPECT_EQ(dst.refused, 0) << "bad regions and releases fail their transfer, not the peer";
 }
 
+// A peer refused for a malformed message is closed, which raises no kPeerLost on this side:
+// the transfer expected from it fails at once instead of waiting for ever, and so does a
+// later one from the same address until it is connected again.
+TEST(PeerLink, MalformedMessageFailsWhatWaitsOnThatPeer) {
+  Worker dst;
+  RawPeer source;
+  auto done = ExpectFrom(dst, source.ep->address(), 1, std::make_shared<VectorBuffer>(4096));
+  ir::PeerPullReq pull;
+  const fabric::PeerId puller = source.Receive(&pull);
+  ASSERT_NE(puller, 0u);
+  ASSERT_TRUE(source.ep->Send(puller, {0xde, 0xad, 0xbe, 0xef}).ok());
+  ASSERT_EQ(done.wait_for(5s), std::future_status::ready) << "the transfer still waits on a refused peer";
+  Status st = done.get();
+  EXPECT_EQ(st.code(), Code::kLinkLost) << st.ToString();
+  EXPECT_NE(st.message().find("malformed"), std::string::npos) << st.ToString();
+  EXPECT_EQ(dst.refused, 1);
+}
+
+// A blocking source whose puller asked for another size fails, and tells the puller so.
+TEST(PeerLink, BlockingSourceOfAnotherSizeAbortsThePuller) {
+  Worker src, dst;
+  auto done = ExpectFrom(dst, src.ep->address(), 21, std::make_shared<VectorBuffer>(2048));
+  auto io = src.link->Source(21, 4096);
+  ASSERT_FALSE(io.ok());
+  EXPECT_EQ(io.status().code(), Code::kInvalidArgument) << io.status().ToString();
+  ASSERT_EQ(done.wait_for(5s), std::future_status::ready) << "the puller was never told";
+  EXPECT_FALSE(done.get().ok());
+}
+
 TEST(PeerLink, BytesLentToAPullerThatVanishesAreLetGo) {
   Worker src;
   const size_t n = 1u << 20;
