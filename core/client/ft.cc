@@ -330,7 +330,11 @@ uint64_t FaultTolerance::Post(GroupSession* g, uint16_t opcode, std::vector<uint
   }
   op->payload = std::move(payload);
   if (op->logged || op->read) log_.push_back(LogEntry{g, opcode, op->payload, op->fn || op->read ? op : nullptr});
-  if (op->fn) open_[op->id] = op;
+  if (op->fn) {
+    // Deliver erases from the receiver thread, which does not hold mu_.
+    std::lock_guard<std::mutex> l(tasks_mu_);
+    open_[op->id] = op;
+  }
   Issue(op);
   return op->id;
 }

@@ -206,7 +206,7 @@ class FaultTolerance {
   std::map<const GroupSession*, std::map<RegionKey, Region>> ckpt_;
   Clock::time_point last_ckpt_ = Clock::now();
   bool have_ckpt_ = false;  // the first read back takes one: rollbacks need not replay from the start
-  std::map<uint64_t, std::shared_ptr<Op>> open_;  // ops waiting for answers, by id
+  std::map<uint64_t, std::shared_ptr<Op>> open_;  // ops waiting for answers, by id; under tasks_mu_
   uint64_t next_op_ = 1;
   std::atomic<int> mismatch_streak_{0};
   uint64_t generation_ = 0;                   // one per recovery
