@@ -32,6 +32,9 @@ std::vector<std::string> SplitList(const char* v) {
   return out;
 }
 
+// How long a recovery waits for the program to set its user events (RecoveryLoop).
+constexpr auto kUserEventGrace = std::chrono::seconds(10);
+
 uint64_t FirstU64(const std::vector<uint8_t>& p, size_t at = 0) {
   uint64_t v = 0;
   if (p.size() >= at + 8) std::memcpy(&v, p.data() + at, 8);
@@ -306,8 +309,17 @@ uint64_t FaultTolerance::Post(GroupSession* g, uint16_t opcode, std::vector<uint
     return 0;
   }
   const bool read = opcode == static_cast<uint16_t>(ir::Opcode::kBufferRead) && fn;
-  // A checkpoint is taken at a read back, once the period has passed or the log is full.
-  if (read && (!have_ckpt_ || Clock::now() - last_ckpt_ >= config_.checkpoint_period || log_bytes_ >= config_.log_limit)) {
+  NoteUserEvent(opcode, payload);
+  // A checkpoint is taken at a read back, once the period has passed or the log is full, and
+  // no user event is unset: its Quiesce would wait for the program to set it, and the program
+  // cannot while this lock is held (natively a read of another stream does not wait for it).
+  const bool due =
+      read && (!have_ckpt_ || Clock::now() - last_ckpt_ >= config_.checkpoint_period || log_bytes_ >= config_.log_limit);
+  if (due && !unset_user_events_.empty() && !told_deferred_) {
+    told_deferred_ = true;
+    log::Info("fault tolerance: checkpoints wait while user events are unset ({} now)", unset_user_events_.size());
+  }
+  if (due && unset_user_events_.empty()) {
     recovering_ = true;
     ++generation_;
     touched_.clear();
@@ -337,6 +349,22 @@ uint64_t FaultTolerance::Post(GroupSession* g, uint16_t opcode, std::vector<uint
   }
   Issue(op);
   return op->id;
+}
+
+void FaultTolerance::NoteUserEvent(uint16_t opcode, const std::vector<uint8_t>& payload) {
+  switch (static_cast<ir::Opcode>(opcode)) {
+    case ir::Opcode::kEventCreate: {
+      ir::EventCreateReq req;
+      if (ir::DecodeRequest(payload, &req).ok() && (req.flags & ir::kEventUser)) unset_user_events_.insert(req.event);
+      break;
+    }
+    case ir::Opcode::kUserEventSet:
+    case ir::Opcode::kEventDestroy:
+      if (unset_user_events_.erase(FirstU64(payload)) && unset_user_events_.empty()) cv_.notify_all();
+      break;
+    default:
+      break;
+  }
 }
 
 void FaultTolerance::Issue(const std::shared_ptr<Op>& op) {
@@ -520,6 +548,16 @@ void FaultTolerance::RecoveryLoop() {
     }
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return !recovering_; });
+    if (!unset_user_events_.empty()) {
+      // The recovery's Quiesce would wait on streams they hold, with this lock held: let the
+      // program's other threads set them first (a host callback's, set once it has run).
+      log::Info("fault tolerance: the recovery waits for {} unset user event(s)", unset_user_events_.size());
+      if (!cv_.wait_for(lock, kUserEventGrace, [&] { return unset_user_events_.empty(); }))
+        log::Warn("fault tolerance: {} user event(s) still unset after {} s: recovering anyway (a stream they "
+                  "hold may keep it waiting until they are set)",
+                  unset_user_events_.size(), std::chrono::duration_cast<std::chrono::seconds>(kUserEventGrace).count());
+      cv_.wait(lock, [&] { return !recovering_; });
+    }
     recovering_ = true;
     ++generation_;
     touched_.clear();

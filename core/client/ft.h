@@ -157,6 +157,8 @@ class FaultTolerance {
   bool Current(const std::shared_ptr<Op>& op, uint64_t issue);
   void Deliver(const std::shared_ptr<Op>& op, const Status& st, std::span<const uint8_t> fields);
   void NoteCreate(GroupSession* g, uint16_t opcode, const std::vector<uint8_t>& payload);
+  // Keeps unset_user_events_ (lock held).
+  void NoteUserEvent(uint16_t opcode, const std::vector<uint8_t>& payload);
 
   // Recovery (the recovery thread, lock held).
   void Schedule(std::function<void()> task);
@@ -190,6 +192,12 @@ class FaultTolerance {
   std::mutex mu_;
   std::condition_variable cv_;
   bool recovering_ = false;
+  // User events the program created and has not set or destroyed. A stream they hold keeps
+  // a DeviceSync (Quiesce) waiting until the program sets them, which it cannot do while a
+  // checkpoint or a recovery holds mu_: checkpoints are put off while any is unset, and a
+  // recovery waits a while for them first (cv_ is notified when the last one goes).
+  std::set<uint64_t> unset_user_events_;
+  bool told_deferred_ = false;  // the deferred checkpoint was logged once
   std::vector<std::unique_ptr<GroupSession>> groups_;
   std::deque<std::string> spares_;
   // The session opened ahead of need on a spare (PrepareStandby): set by its own thread.

@@ -5,7 +5,7 @@
 # through Tandem with the real CUDA libraries hidden from it (no libcudart, no libcuda, empty
 # LD_LIBRARY_PATH), as on a client with no CUDA installed. Exit 77 (skip) without a GPU.
 # Programs named multi_* run through two tandemd (device 0 of each), natively on the GPUs there are;
-# symbols runs once more with TANDEM_REDUNDANCY=2 on the two servers (module globals replicated).
+# symbols and callbacks run once more with TANDEM_REDUNDANCY=2 on the two servers.
 set -u -o pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib/tandemd.sh"
 tandemd=$1 lib=$2; shift 2
@@ -99,14 +99,17 @@ for prog in "${programs[@]}"; do
   compare "$name"
 done
 
-# Module globals under redundancy: symbols again with two replicas on the two servers. The
-# replicas' workers run with address randomization off (kFeatureFixedLayout), so the
-# program's __device__/__constant__ symbols lie at the same device address on both.
+# Under redundancy, with two replicas on the two servers: symbols (the replicas' workers run
+# with address randomization off, kFeatureFixedLayout, so the program's __device__/__constant__
+# symbols lie at the same device address on both), and callbacks (host callbacks are user
+# events the client sets once they ran; a read back while one was unset took the first
+# checkpoint, whose synchronize waited for it: the program hung).
 for prog in "${programs[@]}"; do
-  [[ $(basename "$prog") == symbols ]] || continue
-  name=symbols-redundancy2
-  cp "$work/symbols.native.out" "$work/$name.native.out"
-  cp "$work/symbols.native.rc" "$work/$name.native.rc"
+  base=$(basename "$prog")
+  [[ $base == symbols || $base == callbacks ]] || continue
+  name=$base-redundancy2
+  cp "$work/$base.native.out" "$work/$name.native.out"
+  cp "$work/$base.native.rc" "$work/$name.native.rc"
   LD_PRELOAD=$lib TANDEM_SERVERS=$SERVER,$SERVER2 TANDEM_REDUNDANCY=2 timeout -k 5 "$RUN_TIMEOUT" "$prog" \
     >"$work/$name.tandem.out" 2>"$work/$name.tandem.err"
   echo $? >"$work/$name.tandem.rc"
