@@ -817,8 +817,12 @@ Status FaultTolerance::RestoreFresh(GroupSession* g, size_t i, const std::string
   }
   uint64_t replayed = 0;
   if (replay_log) {
-    // Alone in its group, the new replica answers what is still open, where it stood.
-    const bool alone = g->replicas_.size() == 1;
+    // With no other healthy replica in its group (the only one, or every other one lost too
+    // and not replaced yet), the new replica answers what is still open, where it stood: a
+    // logged command is never asked again (ReissueOpen), so nobody else would.
+    bool alone = true;
+    for (size_t j = 0; j < g->replicas_.size(); ++j)
+      if (j != i && g->replicas_[j]->health().ok()) alone = false;
     for (const LogEntry& e : log_) {
       if (e.group != g) continue;
       bool open = false;
@@ -1026,11 +1030,23 @@ void FaultTolerance::ReplaceLost(GroupSession* g, size_t i, const std::string& w
         s->set_forward_output(false);
         Recreate(s, g->creates_, g->signals_);
         SessionImpl* old = g->replicas_[i];
+        const std::string old_address = g->addresses_[i];
         g->replicas_[i] = s;
         g->addresses_[i] = spare;
         g->outvoted_[i] = 0;
         st = CopyFromPeer(g, i, survivor);
         s->TakeAsyncErrors();
+        if (!st.ok() && !g->replicas_[survivor]->health().ok()) {
+          // The survivor was lost during the copy, not the spare: the spare is used again,
+          // restored from the checkpoint and the log (no survivor is left to copy).
+          log::Warn("fault tolerance: {} was lost while {} copied from it: {} is restored from the checkpoint instead",
+                    g->addresses_[survivor], spare, spare);
+          g->replicas_[i] = old;
+          g->addresses_[i] = old_address;
+          source_->Retire(s);
+          spares_.push_front(spare);
+          continue;
+        }
         if (i == 0) {
           // The survivor answers as primary from now on; the new replica votes.
           std::swap(g->replicas_[0], g->replicas_[survivor]);

@@ -338,21 +338,25 @@ void RuntimeImpl::Init() {
     }
   }
   // Learn every device of every session.
+  // Under fault tolerance each group is asked, not its first replica: a replica lost by now is
+  // being replaced meanwhile, and the spares' sessions join sessions_ as that goes on (a
+  // snapshot is walked, not sessions_ itself).
   std::map<SessionImpl*, std::vector<std::unique_ptr<Device>>> found;
-  for (auto& s : sessions_) {
-    if (ft_ && !presented.count(s.get())) continue;  // a voting replica: its group speaks for it
+  for (SessionImpl* s : Sessions()) {
+    if (ft_ && !presented.count(s)) continue;  // a voting replica or a spare: its group speaks for it
+    Session* via = ft_ ? presented[s] : static_cast<Session*>(s);
     for (uint32_t i = 0; i < s->device_count_hint; ++i) {
-      auto info = s->Call(ir::DeviceInfoReq{.index = i});
+      auto info = via->Call(ir::DeviceInfoReq{.index = i});
       if (!info.ok()) {
         log::Error("{}: device {}: {}", s->server(), i, info.status().message());
-        found[s.get()].push_back(nullptr);
+        found[s].push_back(nullptr);
         continue;
       }
       auto d = std::make_unique<Device>();
-      d->session = ft_ ? presented[s.get()] : static_cast<Session*>(s.get());
+      d->session = via;
       d->remote_index = i;
       d->info = std::move(info).value();
-      found[s.get()].push_back(std::move(d));
+      found[s].push_back(std::move(d));
     }
   }
   // The device list follows the entries: "host:port" adds the server's devices not listed

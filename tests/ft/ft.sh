@@ -13,6 +13,8 @@
 #     bitflip2fresh  bitflip2 with rollbacks through fresh sessions (TANDEM_TEST_FRESH_ROLLBACK)
 #     lostinrollback  bitflip2fresh whose flipping server cannot be reached for a fresh session
 #               in a rollback (its broker SIGSTOPped), no spare: the other replica goes on alone
+#     bothlost  both replicas of a group die after the same batch (for each of the program's
+#               first batches), two spares: both replaced, nothing left unanswered
 #     control   the same flips without redundancy: the output must differ (so the test can fail)
 # After each run the surviving servers must hold no session of the finished program (each
 # session is a worker process; its exit frees everything).
@@ -182,6 +184,37 @@ lostinrollback)
     note "a replica lost in a rollback, the group went on with one; output identical"
     no_leaks b
     break
+  done
+  ;;
+bothlost)
+  # Both replicas of a group die after the same batch (tandemd --inject-exit-after N, for N in
+  # FT_BOTHLOST_N): the first spare is restored from the log and must answer what was still
+  # open (a blocking write, a build: logged commands are never asked twice), the second copies
+  # it. Every run ends with the native output. Before the fixes that came with this scenario,
+  # N=2 crashed the client at start-up (the device list walked sessions_ while spares joined
+  # it) or wasted a spare (its copy's source had died), and N=4 and N=5 hung.
+  ARGS=(--rounds 40 --sleep-ms 1)
+  for n in ${FT_BOTHLOST_N:-2 4 5 8}; do
+    if [[ $API == cuda ]]; then
+      timeout 300 "$PROG" "${ARGS[@]}" >"$work/native.out" || fail "the native run failed"
+    else
+      OCL_ICD_VENDORS=$NATIVE OCL_ICD_FILENAMES=$NATIVE_LIBS timeout 300 "$PROG" "${ARGS[@]}" >"$work/native.out" ||
+        fail "the native run failed"
+    fi
+    start a --inject-exit-after $n; start b --inject-exit-after $n; start s1; start s2
+    # Not exported: the next round's `start` asks each server alone.
+    env TANDEM_SERVERS="${ADDR[a]},${ADDR[b]}" TANDEM_REDUNDANCY=2 TANDEM_SPARE_SERVERS="${ADDR[s1]},${ADDR[s2]}" \
+      TANDEM_STATS=1 TANDEM_FAILOVER_TIMEOUT_MS=2000 timeout -k 5 90 "$TANDEM" run -- "$PROG" "${ARGS[@]}" \
+      >"$work/run.out" 2>"$work/run.out.err"
+    rc=$?
+    ((rc == 124 || rc == 137)) && fail "N=$n: the program hung after both replicas died"
+    ((rc == 0)) || fail "N=$n: the program failed (exit $rc)"
+    cmp -s "$work/native.out" "$work/run.out" || { diff "$work/native.out" "$work/run.out" | head >&2; fail "N=$n: output differs"; }
+    migrations=$(stat_of "$work/run.out.err" migrations)
+    ((${migrations:-0} == 2)) || fail "N=$n: ${migrations:-0} migrations, not 2: both replicas were not replaced"
+    note "N=$n: both replicas died, two spares took over; output identical"
+    no_leaks s1 s2
+    stop a; stop b; stop s1; stop s2
   done
   ;;
 control)
