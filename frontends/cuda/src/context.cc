@@ -265,20 +265,38 @@ cudaError_t TakeAsyncErrors(DeviceContext& d) {
   return first;
 }
 
-void Frontend::BeginPending() {
+uint64_t Frontend::BeginPending(uint64_t stream) {
   std::lock_guard<std::mutex> lock(pending_mu_);
-  ++pending_;
+  pending_.emplace(++last_ticket_, stream);
+  return last_ticket_;
 }
 
-void Frontend::EndPending(const Status& st) {
+void Frontend::EndPending(uint64_t ticket, const Status& st) {
   std::lock_guard<std::mutex> lock(pending_mu_);
   if (!st.ok() && pending_error_.ok()) pending_error_ = st;
-  if (--pending_ == 0) pending_cv_.notify_all();
+  pending_.erase(ticket);
+  pending_cv_.notify_all();
+}
+
+uint64_t Frontend::LastPendingTicket() {
+  std::lock_guard<std::mutex> lock(pending_mu_);
+  return last_ticket_;
+}
+
+void Frontend::WaitPendingThrough(uint64_t ticket, uint64_t stream) {
+  std::unique_lock<std::mutex> lock(pending_mu_);
+  pending_cv_.wait(lock, [&] {
+    for (const auto& [t, s] : pending_) {
+      if (t > ticket) return true;
+      if (stream == 0 || s == stream) return false;
+    }
+    return true;
+  });
 }
 
 cudaError_t Frontend::WaitPending() {
   std::unique_lock<std::mutex> lock(pending_mu_);
-  pending_cv_.wait(lock, [&] { return pending_ == 0; });
+  pending_cv_.wait(lock, [&] { return pending_.empty(); });
   Status st = pending_error_;
   pending_error_ = Status::Ok();
   return ToCuda(st);

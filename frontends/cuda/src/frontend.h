@@ -135,6 +135,8 @@ struct Event {
   int device = 0;
   unsigned flags = 0;
   bool recorded = false;  // an event never recorded is complete, as in CUDA
+  uint64_t record_stream = 0;         // where it was last recorded (IR handle)
+  uint64_t copies_before_record = 0;  // the last asynchronous copy's ticket then
   // Stand-ins of its current record on other servers, for their streams to wait on (made by
   // cudaStreamWaitEvent, dropped when the event is recorded again or destroyed).
   client::StandIns imports;
@@ -172,11 +174,20 @@ class Frontend {
   std::map<const void*, std::unique_ptr<Stream>> streams;
   std::map<const void*, std::unique_ptr<Event>> events;
 
-  // Asynchronous reads into host memory that have not landed yet (cudaMemcpyAsync D2H);
-  // every sync point waits for them.
-  void BeginPending();
-  void EndPending(const Status& st);
+  // Asynchronous copies whose host side is not done yet (a cudaMemcpyAsync D2H that has not
+  // landed, an H2D whose source is still read); every sync point waits for them. Each has a
+  // ticket, in the order they began: a host callback waits for those that began before it.
+  uint64_t BeginPending(uint64_t stream);
+  void EndPending(uint64_t ticket, const Status& st);
   cudaError_t WaitPending();
+  // The last ticket given out, and a wait for the copies up to it on one stream (IR handle;
+  // 0, the legacy default stream: on every stream). An event after them in stream order may
+  // be complete on the server while the reply that lands a read is still on its way (under
+  // fault tolerance the read's answer also waits for every replica's vote): whoever acts on
+  // that event (a host callback, a query that found it complete) waits for them first. They
+  // are done on the device, so the wait is short.
+  uint64_t LastPendingTicket();
+  void WaitPendingThrough(uint64_t ticket, uint64_t stream);
 
   // Host callbacks not yet run. tandemd runs a session's commands one at a time, and a
   // command that blocks on a stream held by a callback's gate would keep the gate from ever
@@ -196,7 +207,8 @@ class Frontend {
 
   std::mutex pending_mu_;
   std::condition_variable pending_cv_;
-  int pending_ = 0;
+  std::map<uint64_t, uint64_t> pending_;  // the copies not done yet: ticket -> stream
+  uint64_t last_ticket_ = 0;
   Status pending_error_;
   int callbacks_ = 0;  // guarded by pending_mu_
 };

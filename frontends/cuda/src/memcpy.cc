@@ -52,10 +52,10 @@ cudaError_t Write(const Target& t, uint64_t address, const void* src, size_t n, 
   if (pinned) {
     req.remote = RegionOf(*pinned, src, n);
     auto done = async ? nullptr : std::make_shared<Done>();
-    if (async) f.BeginPending();
-    t.session->Post(req, [pinned, done](const Status& st, ir::BufferWriteRep&&) {
+    const uint64_t ticket = async ? f.BeginPending(t.stream) : 0;
+    t.session->Post(req, [pinned, done, ticket](const Status& st, ir::BufferWriteRep&&) {
       if (done) done->Set(st);
-      else Frontend::Get().EndPending(st);
+      else Frontend::Get().EndPending(ticket, st);
     });
     if (async) return ToCuda(t.session->Flush());
     t.session->Flush();
@@ -64,9 +64,9 @@ cudaError_t Write(const Target& t, uint64_t address, const void* src, size_t n, 
   if (!async) return ToCuda(client::WriteBuffer(*t.session, req, src, true));
   auto staged = std::make_shared<std::vector<uint8_t>>(static_cast<const uint8_t*>(src),
                                                        static_cast<const uint8_t*>(src) + n);
-  f.BeginPending();
+  const uint64_t ticket = f.BeginPending(t.stream);
   Status st = client::WriteBuffer(*t.session, req, staged->data(), false,
-                                  [staged](const Status& s) { Frontend::Get().EndPending(s); });
+                                  [staged, ticket](const Status& s) { Frontend::Get().EndPending(ticket, s); });
   return ToCuda(st);
 }
 
@@ -79,17 +79,18 @@ cudaError_t Read(const Target& t, uint64_t address, void* dst, size_t n, bool as
   if (pinned) {
     req.remote = RegionOf(*pinned, dst, n);
     auto done = async ? nullptr : std::make_shared<Done>();
-    if (async) f.BeginPending();
-    t.session->Post(req, [pinned, done](const Status& st, ir::BufferReadRep&&) {
+    const uint64_t ticket = async ? f.BeginPending(t.stream) : 0;
+    t.session->Post(req, [pinned, done, ticket](const Status& st, ir::BufferReadRep&&) {
       if (done) done->Set(st);
-      else Frontend::Get().EndPending(st);
+      else Frontend::Get().EndPending(ticket, st);
     });
     t.session->Flush();
     return async ? cudaSuccess : ToCuda(done->Wait());
   }
   if (!async) return ToCuda(client::ReadBuffer(*t.session, req, dst, true));
-  f.BeginPending();
-  return ToCuda(client::ReadBuffer(*t.session, req, dst, false, [](const Status& s) { Frontend::Get().EndPending(s); }));
+  const uint64_t ticket = f.BeginPending(t.stream);
+  return ToCuda(client::ReadBuffer(*t.session, req, dst, false,
+                                   [ticket](const Status& s) { Frontend::Get().EndPending(ticket, s); }));
 }
 
 struct Side {

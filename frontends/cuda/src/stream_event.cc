@@ -30,6 +30,8 @@ class CallbackQueue : public std::enable_shared_from_this<CallbackQueue> {
     uint64_t done_event;  // signalled when the work before the callback completes
     uint64_t gate_event;  // user event the stream waits on until the callback has run
     std::function<void(cudaError_t)> fn;
+    uint64_t copies_before = 0;  // the last asynchronous copy's ticket when it was added
+    uint64_t stream = 0;         // its stream's IR handle
   };
 
   static std::shared_ptr<CallbackQueue> Start() {
@@ -63,6 +65,11 @@ class CallbackQueue : public std::enable_shared_from_this<CallbackQueue> {
         items_.pop_front();
       }
       cudaError_t status = WaitDone(item);
+      // The copies before it in stream order are done on the device; their replies (a read's
+      // bytes) may still be on their way, or, under fault tolerance, waiting for every
+      // replica's vote. No copy added after it waits here: reads wait for callbacks before
+      // they are posted, and a write behind the gate has a later ticket.
+      Frontend::Get().WaitPendingThrough(item.copies_before, item.stream);
       item.fn(status);
       item.session->Post(ir::UserEventSetReq{.event = item.gate_event, .status = ir::kEventComplete});
       item.session->Post(ir::EventDestroyReq{.event = item.done_event});
@@ -122,7 +129,8 @@ cudaError_t AddCallback(cudaStream_t stream, std::function<void(cudaError_t)> fn
   std::shared_ptr<CallbackQueue>& q = IsDefault(stream) ? DefaultQueues()[d->index] : f.streams.at(stream)->callbacks;
   if (!q) q = CallbackQueue::Start();
   client::Runtime& rt = client::Runtime::Get();
-  CallbackQueue::Item item{&d->session(), rt.NewHandle(), rt.NewHandle(), std::move(fn)};
+  CallbackQueue::Item item{&d->session(), rt.NewHandle(), rt.NewHandle(), std::move(fn), f.LastPendingTicket(),
+                           s.handle};
   client::Session& session = d->session();
   session.Post(ir::EventCreateReq{.event = item.done_event, .device = d->remote(), .flags = 0});
   session.Post(ir::MarkerReq{.stream = s.handle, .barrier = 0, .wait = {}, .signal = item.done_event});
@@ -227,10 +235,12 @@ TANDEM_API cudaError_t cudaStreamQuery(cudaStream_t stream) {
   DeviceContext* d = nullptr;
   StreamRef s;
   const uint64_t probe = client::Runtime::Get().NewHandle();
+  uint64_t copies_before = 0;
   {
     std::lock_guard<std::mutex> lock(f.mu);
     TANDEM_RETURN_CUDA_IF_ERROR(Return(StreamTarget(stream, &d, &s)));
     if (d->sticky != cudaSuccess) return Return(d->sticky);
+    copies_before = f.LastPendingTicket();
     d->session().Post(ir::EventCreateReq{.event = probe, .device = d->remote(), .flags = 0});
     d->session().Post(ir::MarkerReq{.stream = s.handle, .barrier = 0, .wait = {}, .signal = probe});
   }
@@ -239,6 +249,7 @@ TANDEM_API cudaError_t cudaStreamQuery(cudaStream_t stream) {
   if (!rep.ok()) return Return(ToCuda(rep.status()));
   cudaError_t e = EventStatusToCuda(rep->status);
   if (e == cudaErrorNotReady) return e;  // not an error: not recorded as the last error
+  f.WaitPendingThrough(copies_before, s.handle);  // its reads have landed, as natively
   if (e == cudaSuccess) e = TakeAsyncErrors(*d);
   return Return(e);
 }
@@ -355,6 +366,8 @@ TANDEM_API cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   if (d->index != it->second->device) return Return(cudaErrorInvalidResourceHandle);
   d->session().Post(ir::MarkerReq{.stream = s.handle, .barrier = 0, .wait = {}, .signal = it->second->handle});
   it->second->recorded = true;
+  it->second->record_stream = s.handle;
+  it->second->copies_before_record = f.LastPendingTicket();
   it->second->imports.Drop();  // they stand for the previous record
   return cudaSuccess;
 }
@@ -366,7 +379,7 @@ TANDEM_API cudaError_t cudaEventRecordWithFlags(cudaEvent_t event, cudaStream_t 
 
 // The event's handle and device, or why not; `recorded` false means complete already.
 static cudaError_t FindEvent(cudaEvent_t event, uint64_t* handle, DeviceContext** d, bool* recorded,
-                             unsigned* flags = nullptr) {
+                             unsigned* flags = nullptr, std::pair<uint64_t, uint64_t>* copies_before = nullptr) {
   Frontend& f = Frontend::Get();
   std::lock_guard<std::mutex> lock(f.mu);
   auto it = f.events.find(event);
@@ -375,6 +388,7 @@ static cudaError_t FindEvent(cudaEvent_t event, uint64_t* handle, DeviceContext*
   *handle = it->second->handle;
   *recorded = it->second->recorded;
   if (flags) *flags = it->second->flags;
+  if (copies_before) *copies_before = {it->second->copies_before_record, it->second->record_stream};
   return cudaSuccess;
 }
 
@@ -396,11 +410,13 @@ TANDEM_API cudaError_t cudaEventQuery(cudaEvent_t event) {
   uint64_t handle = 0;
   DeviceContext* d = nullptr;
   bool recorded = false;
-  TANDEM_RETURN_CUDA_IF_ERROR(Return(FindEvent(event, &handle, &d, &recorded)));
+  std::pair<uint64_t, uint64_t> copies_before;
+  TANDEM_RETURN_CUDA_IF_ERROR(Return(FindEvent(event, &handle, &d, &recorded, nullptr, &copies_before)));
   if (!recorded) return cudaSuccess;
   auto rep = d->session().Call(ir::EventQueryReq{.event = handle});
   if (!rep.ok()) return Return(ToCuda(rep.status()));
   cudaError_t e = EventStatusToCuda(rep->status);
+  if (e == cudaSuccess) Frontend::Get().WaitPendingThrough(copies_before.first, copies_before.second);
   return e == cudaErrorNotReady ? e : Return(e);
 }
 
