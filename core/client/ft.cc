@@ -199,8 +199,9 @@ Status GroupSession::CallRaw(uint16_t opcode, std::vector<uint8_t> payload, std:
 
 std::vector<ir::AsyncError> GroupSession::TakeAsyncErrors() {
   std::lock_guard<std::mutex> lock(ft_->mu_);
-  std::vector<ir::AsyncError> out = replicas_.front()->TakeAsyncErrors();
-  for (size_t i = 1; i < replicas_.size(); ++i) replicas_[i]->TakeAsyncErrors();  // the same, or voted later
+  ft_->GatherErrors(this);
+  std::vector<ir::AsyncError> out;
+  out.swap(held_errors_);
   return out;
 }
 
@@ -561,6 +562,9 @@ void FaultTolerance::RecoveryLoop() {
     recovering_ = true;
     ++generation_;
     touched_.clear();
+    // What the replicas reported before the recovery touches them (a lost one included:
+    // what it received is still there).
+    for (auto& g : groups_) GatherErrors(g.get());
     task();
     ReissueOpen();
     recovering_ = false;
@@ -657,6 +661,20 @@ std::vector<uint64_t> FaultTolerance::Devices(const GroupSession* g) const {
   return out;
 }
 
+void FaultTolerance::GatherErrors(GroupSession* g, SessionImpl* only) {
+  for (SessionImpl* s : g->replicas_) {
+    if (only && s != only) continue;
+    std::vector<ir::AsyncError> errors = s->TakeAsyncErrors();
+    const uint64_t before = s->ft_errors, after = before + errors.size();
+    s->ft_errors = after;
+    if (after <= g->errors_known_) continue;
+    const size_t seen = static_cast<size_t>(g->errors_known_ > before ? g->errors_known_ - before : 0);
+    g->held_errors_.insert(g->held_errors_.end(), std::make_move_iterator(errors.begin() + static_cast<long>(seen)),
+                           std::make_move_iterator(errors.end()));
+    g->errors_known_ = after;
+  }
+}
+
 Status FaultTolerance::Quiesce(SessionImpl* s, const std::vector<uint64_t>& devices) {
   for (uint64_t d : devices) {
     std::vector<uint8_t> unused;
@@ -674,6 +692,7 @@ Status FaultTolerance::Checkpoint() {
   for (auto& g : groups_) {
     const auto devices = Devices(g.get());
     for (SessionImpl* s : g->replicas_) TANDEM_RETURN_IF_ERROR(Quiesce(s, devices));
+    GatherErrors(g.get());  // every error of a command before the cut, held until taken
   }
   uint64_t saved = 0;
   std::map<const GroupSession*, std::map<RegionKey, Region>> next;
@@ -749,6 +768,10 @@ Status FaultTolerance::Checkpoint() {
   for (auto& g : groups_) {
     g->ckpt_creates_ = g->creates_;
     g->ckpt_signals_ = g->signals_;
+    // Errors are numbered from the cut again (what is held stays held).
+    GatherErrors(g.get());
+    g->errors_known_ = 0;
+    for (SessionImpl* s : g->replicas_) s->ft_errors = 0;
   }
   log_.clear();
   log_bytes_ = 0;
@@ -815,6 +838,10 @@ Status FaultTolerance::RestoreFresh(GroupSession* g, size_t i, const std::string
     if (old) g->replicas_[i] = old;
     return st;
   }
+  // The restore's own errors are not the program's; from here on s reports the errors of the
+  // commands since the checkpoint, numbered from 0 (GatherErrors).
+  s->TakeAsyncErrors();
+  s->ft_errors = 0;
   uint64_t replayed = 0;
   if (replay_log) {
     // With no other healthy replica in its group (the only one, or every other one lost too
@@ -841,7 +868,7 @@ Status FaultTolerance::RestoreFresh(GroupSession* g, size_t i, const std::string
   }
   Stats::Get().replayed.fetch_add(replayed);
   Status st = Quiesce(s, Devices(g));
-  s->TakeAsyncErrors();  // the program saw these errors the first time
+  GatherErrors(g, s);  // the replay's: only those the lost state had not reported yet are new
   s->set_forward_output(i == 0);
   if (old) source_->Retire(old);
   return st;
@@ -854,6 +881,11 @@ Status FaultTolerance::CopyFromPeer(GroupSession* g, size_t bad, size_t good) {
   SessionImpl* from = g->replicas_[good];
   touched_.insert(g);
   TANDEM_RETURN_IF_ERROR(Quiesce(from, devices));
+  // `from` has reported every error of the program's commands now; `to`'s (a restored
+  // replica's, or a spare's re-creations) are dropped with the copy's own, and `to` numbers
+  // its errors on from where `from` stands.
+  GatherErrors(g, from);
+  const uint64_t position = from->ft_errors;
   TANDEM_RETURN_IF_ERROR(Quiesce(to, devices));
   uint64_t bytes = 0;
   for (const auto& [key, size] : Regions(g)) {
@@ -868,10 +900,11 @@ Status FaultTolerance::CopyFromPeer(GroupSession* g, size_t bad, size_t good) {
   TANDEM_RETURN_IF_ERROR(Quiesce(to, devices));
   TANDEM_RETURN_IF_ERROR(Quiesce(from, devices));
   auto errors = to->TakeAsyncErrors();
+  from->TakeAsyncErrors();  // only the copy's sends
+  to->ft_errors = from->ft_errors = position;
   for (const auto& e : errors)
     if (e.opcode == static_cast<uint32_t>(ir::Opcode::kPeerRecv) || e.opcode == static_cast<uint32_t>(ir::Opcode::kPeerSend))
       return Status(Code::kInternal, "restoring a replica from its peer failed: " + e.message);
-  from->TakeAsyncErrors();
   Stats::Get().server_to_server.fetch_add(bytes);
   Stats::Get().restores.fetch_add(1);
   return Status::Ok();
@@ -892,10 +925,8 @@ Status FaultTolerance::RollbackInPlace(GroupSession* g) {
     if (e.group == g && e.opcode == static_cast<uint16_t>(ir::Opcode::kUserEventSet))
       return Status(Code::kUnimplemented, "a user event was set since the checkpoint");
   const auto devices = Devices(g);
-  for (SessionImpl* s : g->replicas_) {
-    TANDEM_RETURN_IF_ERROR(Quiesce(s, devices));
-    s->TakeAsyncErrors();  // the program saw these errors the first time
-  }
+  for (SessionImpl* s : g->replicas_) TANDEM_RETURN_IF_ERROR(Quiesce(s, devices));
+  GatherErrors(g);  // before the write-back's own errors
   const size_t n = g->replicas_.size();
   uint64_t written = 0;
   for (const auto& [key, region] : ckpt_[g]) {
@@ -929,6 +960,7 @@ Status FaultTolerance::RollbackInPlace(GroupSession* g) {
     for (const auto& e : s->TakeAsyncErrors())
       if (e.opcode == static_cast<uint32_t>(ir::Opcode::kBufferWrite))
         return Status(Code::kInternal, "writing the checkpoint back failed: " + e.message);
+    s->ft_errors = 0;  // at the checkpoint again: the replay's errors are numbered from 0
   }
   Stats::Get().rollbacks_in_place.fetch_add(n);
   log::Debug("fault tolerance: {} rolled back in place ({} bytes written)", g->name_, written);
@@ -1000,8 +1032,8 @@ void FaultTolerance::RollbackAll(const std::string& why) {
     for (SessionImpl* s : g->replicas_) {
       s->set_forward_output(false);
       Quiesce(s, devices);
-      s->TakeAsyncErrors();
     }
+    GatherErrors(g.get());  // of the replay: only those the rolled-back state had not reported are new
     if (!g->replicas_.empty()) g->replicas_[0]->set_forward_output(true);
   }
   Stats::Get().replayed.fetch_add(replayed);

@@ -108,6 +108,13 @@ class GroupSession final : public Session {
   // Module globals the program asked for (ModuleGlobal's payload), with the address and size
   // every replica agreed on: checkpointed and restored like allocations.
   std::map<std::vector<uint8_t>, std::pair<uint64_t, uint64_t>> globals_;
+  // Deferred errors of the group's commands the program has not taken yet, in order: kept
+  // here, not in a replica's session, so that a recovery that replaces, restores or rolls
+  // back sessions cannot lose them (FaultTolerance::GatherErrors).
+  std::vector<ir::AsyncError> held_errors_;
+  // How many errors of the commands since the checkpoint are known (taken by the program, or
+  // held): a replica's errors past that number are new.
+  uint64_t errors_known_ = 0;
   Status failed_;
 };
 
@@ -179,7 +186,16 @@ class FaultTolerance {
   // What a checkpoint saves of g: its allocations and module globals, with their sizes. Asks
   // the replicas where a global they have not placed yet lives.
   std::vector<std::pair<RegionKey, uint64_t>> Regions(GroupSession* g);
-  // Waits for every command posted so far on `s` to finish; clears what it reported.
+  // Moves the deferred errors of g's replicas (of `only`, when given) into g->held_errors_,
+  // each error once. Replicas run the same commands and so report the same errors in the
+  // same order, some sooner than others; each numbers its own from the checkpoint
+  // (SessionImpl::ft_errors), and those past g->errors_known_ are new. A session restored
+  // from the checkpoint numbers from 0 again, so the errors its replay reports anew are
+  // dropped and the ones the lost state had not reported yet are kept. Internal commands of
+  // a recovery (restores, copies) must have their errors taken before the next gather.
+  void GatherErrors(GroupSession* g, SessionImpl* only = nullptr);
+  // Waits for every command posted so far on `s` to finish (their deferred errors come with
+  // its answer: GatherErrors takes them).
   Status Quiesce(SessionImpl* s, const std::vector<uint64_t>& devices);
   // A session on `address` for a takeover: the standby when it was opened there (waiting
   // for it if it is still being opened), else a new one. Lock held.

@@ -1,6 +1,6 @@
 // Tier 3: the client runtime against a real tandemd: device discovery, batching, deferred
-// errors, inline and RMA transfers, and clear errors (never hangs) when a server is
-// unreachable or dies under a waiting call.
+// errors (also across a replica's loss under redundancy), inline and RMA transfers, and clear
+// errors (never hangs) when a server is unreachable or dies under a waiting call.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "../server/daemon.h"
+#include "stats.h"
 #include "tandem/client/runtime.h"
 
 namespace tandem::client {
@@ -219,6 +220,92 @@ TEST(TwoServers, FormOneOrderedDeviceList) {
     ASSERT_TRUE(ReadBuffer(s, {.buffer = buf, .size = 256}, in.data(), true).ok());
     EXPECT_EQ(in, out) << s.server();
   }
+  rt.Shutdown();  // before the daemons go
+}
+
+// Under redundancy a deferred error belongs to the group, not to a replica's session: one the
+// program has not taken yet survives the loss of the replica that reported it (the primary,
+// whose place a spare takes), one it took is not reported again when a slower replica reports
+// it too, and one still in flight when the primary dies comes from the survivor.
+TEST(Redundancy, DeferredErrorsSurviveTheLossOfTheirReplica) {
+  test::Daemon a({}), b({}), c({}), d({});
+  for (auto* daemon : {&a, &b, &c, &d}) ASSERT_FALSE(daemon->address().empty());
+  setenv("TANDEM_SERVERS", (a.address() + "," + b.address()).c_str(), 1);
+  setenv("TANDEM_REDUNDANCY", "2", 1);
+  setenv("TANDEM_SPARE_SERVERS", (c.address() + "," + d.address()).c_str(), 1);
+  auto& rt = Runtime::Get();
+  ASSERT_TRUE(rt.status().ok()) << rt.status().ToString();
+  Device& dev = *rt.Devices(Api::kOpenCL).at(0);
+  Session& s = *dev.session;
+  auto free_unknown = [&](uint64_t handle) { s.Post(ir::BufferFreeReq{.buffer = handle}); };
+  auto sync = [&] { return s.Call(ir::DeviceSyncReq{.device = dev.remote_index}).status(); };
+  auto expect_one_error = [&](const char* when) {
+    auto errors = s.TakeAsyncErrors();
+    ASSERT_EQ(errors.size(), 1u) << when;
+    EXPECT_EQ(errors[0].opcode, static_cast<uint32_t>(ir::Opcode::kBufferFree)) << when;
+    EXPECT_EQ(errors[0].code, static_cast<uint32_t>(Code::kUnknownHandle)) << when;
+  };
+
+  free_unknown(0xDEAD0001);
+  ASSERT_TRUE(sync().ok());
+  expect_one_error("taken before any loss");
+
+  free_unknown(0xDEAD0002);
+  ASSERT_TRUE(sync().ok());  // the primary (a) has reported it; the program has not taken it
+  a.Kill();
+  Status st = sync();  // answered once a spare has taken a's place
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(Stats::Get().migrations.load(), 1u);
+  expect_one_error("reported by the lost primary, not taken");
+
+  free_unknown(0xDEAD0003);
+  ASSERT_TRUE(s.Flush().ok());
+  b.Kill();  // the primary now, perhaps before it ran the free
+  st = sync();
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(Stats::Get().migrations.load(), 2u);
+  expect_one_error("in flight when the primary died");
+  EXPECT_TRUE(s.TakeAsyncErrors().empty());
+  rt.Shutdown();  // before the daemons go
+}
+
+// A rollback replays the log from the checkpoint on restored sessions: a failed command in it
+// fails again there, and its error, which the program had not taken when the replicas
+// disagreed, is reported once (the replay's copy is not new). Replica b flips a bit of every
+// read back, so the first read back (which takes the first checkpoint) rolls back until a
+// spare joins as the third voter and outvotes b.
+TEST(Rollback, AFailedCommandTheReplayRunsAgainIsReportedOnce) {
+  test::Daemon a({}), b({"--inject-bitflip", "1"}), c({});
+  for (auto* daemon : {&a, &b, &c}) ASSERT_FALSE(daemon->address().empty());
+  setenv("TANDEM_SERVERS", (a.address() + "," + b.address()).c_str(), 1);
+  setenv("TANDEM_REDUNDANCY", "2", 1);
+  setenv("TANDEM_SPARE_SERVERS", c.address().c_str(), 1);
+  setenv("TANDEM_MAX_RETRIES", "1", 1);
+  auto& rt = Runtime::Get();
+  ASSERT_TRUE(rt.status().ok()) << rt.status().ToString();
+  Device& dev = *rt.Devices(Api::kOpenCL).at(0);
+  Session& s = *dev.session;
+  const uint64_t buf = rt.NewHandle();
+  s.Post(ir::BufferAllocReq{.buffer = buf, .device = dev.remote_index, .size = 4096});
+  std::vector<uint8_t> out(4096), in(4096, 0);
+  std::iota(out.begin(), out.end(), uint8_t{7});
+  ASSERT_TRUE(WriteBuffer(s, {.buffer = buf, .size = out.size()}, out.data(), true).ok());
+  s.Post(ir::BufferFreeReq{.buffer = 0xDEAD0001});  // never allocated
+  Status st = ReadBuffer(s, {.buffer = buf, .size = in.size()}, in.data(), true);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(in, out);
+  EXPECT_GE(Stats::Get().rollbacks.load(), 1u);
+  auto errors = s.TakeAsyncErrors();
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(errors[0].opcode, static_cast<uint32_t>(ir::Opcode::kBufferFree));
+  EXPECT_EQ(errors[0].code, static_cast<uint32_t>(Code::kUnknownHandle));
+  // Three voters now: b is outvoted at each read back and restored from a winner, server to
+  // server. A new failure is reported once, the old one not again.
+  s.Post(ir::BufferFreeReq{.buffer = 0xDEAD0002});
+  st = ReadBuffer(s, {.buffer = buf, .size = in.size()}, in.data(), true);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(in, out);
+  EXPECT_EQ(s.TakeAsyncErrors().size(), 1u);
   rt.Shutdown();  // before the daemons go
 }
 

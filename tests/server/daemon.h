@@ -56,10 +56,13 @@ class Daemon {
     }
     EXPECT_FALSE(address_.empty()) << "tandemd did not start:\n" << Log();
   }
-  ~Daemon() {
+  ~Daemon() { Kill(); }
+  // SIGKILL now (its session workers die with it); the log stays readable.
+  void Kill() {
     if (pid_ > 0) {
       ::kill(pid_, SIGKILL);
       ::waitpid(pid_, nullptr, 0);
+      pid_ = -1;
     }
   }
   const std::string& address() const { return address_; }
