@@ -525,10 +525,7 @@ Clock::duration SessionImpl::Keepalive(std::unique_lock<std::mutex>& lock, Clock
   lock.unlock();
   for (uint64_t device : devices) {
     ir::WarmReq warm{.device = device, .what = paths, .spin_us = KeepaliveSpinUs(), .data = ir::bytes(8, 0x5a)};
-    std::vector<uint8_t> payload;
-    ir::Writer w(&payload);
-    ir::Put(w, warm);
-    PostRaw(static_cast<uint16_t>(ir::Opcode::kWarm), std::move(payload), [this](const Status& st, auto) {
+    PostRaw(static_cast<uint16_t>(ir::Opcode::kWarm), ir::Encode(warm), [this](const Status& st, auto) {
       if (!st.ok()) log::Debug("{}: keepalive: {}", server_, st.message());
       Stats::Get().keepalives.fetch_add(1, std::memory_order_relaxed);
       std::lock_guard<std::mutex> l(mu_);
@@ -589,10 +586,7 @@ Clock::duration SessionImpl::Tick(Clock::time_point now) {
     ping_outstanding_ = true;
     lock.unlock();
     ir::PingReq ping{.nonce = static_cast<uint64_t>(now.time_since_epoch().count())};
-    std::vector<uint8_t> payload;
-    ir::Writer w(&payload);
-    ir::Put(w, ping);
-    PostRaw(static_cast<uint16_t>(ir::Opcode::kPing), std::move(payload), [this](const Status&, auto) {
+    PostRaw(static_cast<uint16_t>(ir::Opcode::kPing), ir::Encode(ping), [this](const Status&, auto) {
       std::lock_guard<std::mutex> l(mu_);
       ping_outstanding_ = false;
     });

@@ -61,11 +61,7 @@ class RecordingEndpoint final : public fabric::Endpoint {
 };
 
 std::vector<uint8_t> LaunchPayload(uint64_t function) {
-  ir::LaunchReq req{.function = function, .dims = 1, .grid = {1}, .block = {1}};
-  std::vector<uint8_t> out;
-  ir::Writer w(&out);
-  ir::Put(w, req);
-  return out;
+  return ir::Encode(ir::LaunchReq{.function = function, .dims = 1, .grid = {1}, .block = {1}});
 }
 
 constexpr auto kLaunch = static_cast<uint16_t>(ir::Opcode::kLaunch);

@@ -33,14 +33,6 @@ struct Filler {
   void Fill(T& s) { VisitFields(s, *this); }
 };
 
-template <class T>
-std::vector<uint8_t> Encode(const T& v) {
-  std::vector<uint8_t> out;
-  Writer w(&out);
-  Put(w, v);
-  return out;
-}
-
 TEST(Codec, EveryCommandRoundTrips) {
   int n = 0;
   ForEachCommand([&]<class Req>() {

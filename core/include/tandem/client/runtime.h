@@ -79,11 +79,11 @@ class Session {
 
   template <class Req>
   uint64_t Post(const Req& req) {
-    return PostRaw(static_cast<uint16_t>(Req::kOpcode), Encode(req), nullptr);
+    return PostRaw(static_cast<uint16_t>(Req::kOpcode), ir::Encode(req), nullptr);
   }
   template <class Req>
   uint64_t Post(const Req& req, ReplyFn<typename Req::Reply> fn) {
-    return PostRaw(static_cast<uint16_t>(Req::kOpcode), Encode(req),
+    return PostRaw(static_cast<uint16_t>(Req::kOpcode), ir::Encode(req),
                    [fn = std::move(fn)](const Status& st, std::span<const uint8_t> fields) {
                      typename Req::Reply rep{};
                      Status s = st;
@@ -98,7 +98,7 @@ class Session {
   template <class Req>
   Result<typename Req::Reply> Call(const Req& req) {
     std::vector<uint8_t> fields;
-    Status st = CallRaw(static_cast<uint16_t>(Req::kOpcode), Encode(req), &fields);
+    Status st = CallRaw(static_cast<uint16_t>(Req::kOpcode), ir::Encode(req), &fields);
     if (!st.ok()) return st;
     typename Req::Reply rep{};
     ir::Reader r(fields);
@@ -107,14 +107,6 @@ class Session {
     return rep;
   }
 
- private:
-  template <class Req>
-  static std::vector<uint8_t> Encode(const Req& req) {
-    std::vector<uint8_t> out;
-    ir::Writer w(&out);
-    ir::Put(w, req);
-    return out;
-  }
 };
 
 class Runtime {

@@ -119,6 +119,15 @@ void Put(Writer& w, const T& s) {
   VisitFields(s, v);
 }
 
+// A request's (or any field struct's) encoding on its own: a payload for PostRaw / CallRaw.
+template <class T>
+std::vector<uint8_t> Encode(const T& fields) {
+  std::vector<uint8_t> out;
+  Writer w(&out);
+  Put(w, fields);
+  return out;
+}
+
 template <class T>
   requires std::is_integral_v<T>
 bool Get(Reader& r, T* v) { return r.GetInt(v); }
