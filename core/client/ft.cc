@@ -14,8 +14,6 @@ namespace {
 
 using namespace ft_internal;
 
-bool IsLinkLoss(const Status& st) { return st.code() == Code::kLinkLost || st.code() == Code::kServerLost; }
-
 std::vector<std::string> SplitList(const char* v) {
   std::vector<std::string> out;
   if (!v) return out;
@@ -239,6 +237,9 @@ uint64_t FaultTolerance::Post(GroupSession* g, uint16_t opcode, std::vector<uint
   const uint32_t flags = info ? info->flags : 0;
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return !recovering_; });
+  // Before the failed group's early answer: a user event set or destroyed there is no longer
+  // one that checkpoints and recoveries must wait for.
+  NoteUserEvent(opcode, payload);
   if (!g->failed_.ok()) {
     Status why = g->failed_;
     lock.unlock();
@@ -246,7 +247,6 @@ uint64_t FaultTolerance::Post(GroupSession* g, uint16_t opcode, std::vector<uint
     return 0;
   }
   const bool read = opcode == static_cast<uint16_t>(ir::Opcode::kBufferRead) && fn;
-  NoteUserEvent(opcode, payload);
   // A checkpoint is taken at a read back, once the period has passed or the log is full, and
   // no user event is unset: its Quiesce would wait for the program to set it, and the program
   // cannot while this lock is held (natively a read of another stream does not wait for it).
@@ -315,11 +315,17 @@ void FaultTolerance::Issue(const std::shared_ptr<Op>& op) {
     op->generation = generation_;
     op->answers.assign(n, {});
     op->carries_data.assign(n, false);
-    // Reads and logged commands go to every replica; a query to the primary only.
+    // Reads and logged commands go to every replica, a query to the primary only; a replica
+    // already lost (closed, awaiting its replacement) is passed over while another is healthy:
+    // it would only answer "lost", and a query or read the recovery must wait for could keep
+    // the program from setting a user event the recovery waits for (RecoveryLoop). What a
+    // lost replica misses, its replacement gets from a peer's copy or the log.
     const bool all = op->read || op->logged || !op->fn;
-    for (size_t i = 0; i < (all ? n : 1); ++i) targets.push_back(i);
+    for (size_t i = 0; i < n && (all || targets.empty()); ++i)
+      if (g->replicas_[i]->health().ok()) targets.push_back(i);
+    if (targets.empty()) targets.push_back(0);  // answers "lost" at once; the recovery re-issues it
     if (op->read)
-      for (size_t i = 0; i < std::min<size_t>(n >= 3 ? 2 : 1, n); ++i) op->carries_data[i] = true;
+      for (size_t k = 0; k < std::min<size_t>(n >= 3 ? 2 : 1, targets.size()); ++k) op->carries_data[targets[k]] = true;
     op->waiting = op->fn ? static_cast<int>(targets.size()) : 0;
   }
   ir::BufferReadReq read;

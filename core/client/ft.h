@@ -113,7 +113,7 @@ class GroupSession final : public Session {
   // back sessions cannot lose them (FaultTolerance::GatherErrors).
   std::vector<ir::AsyncError> held_errors_;
   // How many errors of the commands since the checkpoint are known (taken by the program, or
-  // held): a replica's errors past that number are new.
+  // held): the primary's errors past that number are new.
   uint64_t errors_known_ = 0;
   Status failed_;
 };
@@ -171,6 +171,8 @@ class FaultTolerance {
   void Schedule(std::function<void()> task);
   void RecoveryLoop();
   void ReissueOpen();
+  // Open ops that wait only for lost replicas, issued again to the healthy ones (lock held).
+  void ReissueStranded();
   Status Checkpoint();
   void RollbackAll(const std::string& why);
   Status RestoreFresh(GroupSession* g, size_t i, const std::string& address, bool replay_log);
@@ -186,14 +188,18 @@ class FaultTolerance {
   // What a checkpoint saves of g: its allocations and module globals, with their sizes. Asks
   // the replicas where a global they have not placed yet lives.
   std::vector<std::pair<RegionKey, uint64_t>> Regions(GroupSession* g);
-  // Moves the deferred errors of g's replicas (of `only`, when given) into g->held_errors_,
-  // each error once. Replicas run the same commands and so report the same errors in the
-  // same order, some sooner than others; each numbers its own from the checkpoint
-  // (SessionImpl::ft_errors), and those past g->errors_known_ are new. A session restored
-  // from the checkpoint numbers from 0 again, so the errors its replay reports anew are
-  // dropped and the ones the lost state had not reported yet are kept. Internal commands of
-  // a recovery (restores, copies) must have their errors taken before the next gather.
-  void GatherErrors(GroupSession* g, SessionImpl* only = nullptr);
+  // Takes the deferred errors of g's replicas (of `only`, when given) into each one's list
+  // since the checkpoint (SessionImpl::ft_errors), then moves the primary's past
+  // g->errors_known_ into g->held_errors_: the program sees the primary's errors, each once,
+  // as it sees the primary's answers; another replica's differ only when it is faulty, and
+  // then its state is what voting repairs. Replicas run the same commands and so report the
+  // same errors in the same order, some sooner: a replica that becomes primary (a copy of a
+  // peer, a restore) brings the errors the lost one had not received. A session restored
+  // from the checkpoint lists from 0 again, so errors its replay reports anew are dropped.
+  // primary_settled: the primary has finished every command sent so far (see the .cc).
+  // Internal commands of a recovery (restores, copies) must have their errors taken before
+  // the next gather.
+  void GatherErrors(GroupSession* g, SessionImpl* only = nullptr, bool primary_settled = false);
   // Waits for every command posted so far on `s` to finish (their deferred errors come with
   // its answer: GatherErrors takes them).
   Status Quiesce(SessionImpl* s, const std::vector<uint64_t>& devices);

@@ -13,6 +13,8 @@
 namespace tandem::client {
 namespace ft_internal {
 
+inline bool IsLinkLoss(const Status& st) { return st.code() == Code::kLinkLost || st.code() == Code::kServerLost; }
+
 inline uint64_t FirstU64(const std::vector<uint8_t>& p, size_t at = 0) {
   uint64_t v = 0;
   if (p.size() >= at + 8) std::memcpy(&v, p.data() + at, 8);

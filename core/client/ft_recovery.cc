@@ -23,6 +23,15 @@ std::string RegionName(const std::pair<uint64_t, uint64_t>& key) {
   return key.first ? fmt::format("buffer {}", key.first) : fmt::format("the module global at {:#x}", key.second);
 }
 
+// Posts a logged command again. One the program asked an answer of (it has one by now) asks
+// again and drops it: its failure then comes in that answer, as it first did, and not as a
+// deferred error that GatherErrors would count as one more.
+void Replay(SessionImpl* s, uint16_t opcode, const std::vector<uint8_t>& payload, bool had_answer) {
+  RawReplyFn drop;
+  if (had_answer) drop = [](const Status&, std::span<const uint8_t>) {};
+  s->PostRaw(opcode, payload, std::move(drop));
+}
+
 // Posts to a fresh session the objects a replica had (`creates`, in creation order) and makes
 // the events its commands had signalled (`signals`) exist again, complete.
 void Recreate(SessionImpl* s, const std::vector<std::pair<uint16_t, std::vector<uint8_t>>>& creates,
@@ -55,11 +64,14 @@ void FaultTolerance::RecoveryLoop() {
     if (!unset_user_events_.empty()) {
       // The recovery's Quiesce would wait on streams they hold, with this lock held: let the
       // program's other threads set them first (a host callback's, set once it has run).
+      // What a thread waits for that a lost replica was to answer is asked of a healthy one
+      // now: a callback thread's event query, say, which its user event waits on.
       log::Info("fault tolerance: the recovery waits for {} unset user event(s)", unset_user_events_.size());
+      ReissueStranded();
       if (!cv_.wait_for(lock, kUserEventGrace, [&] { return unset_user_events_.empty(); }))
-        log::Warn("fault tolerance: {} user event(s) still unset after {} s: recovering anyway (a stream they "
-                  "hold may keep it waiting until they are set)",
-                  unset_user_events_.size(), std::chrono::duration_cast<std::chrono::seconds>(kUserEventGrace).count());
+        log::Error("fault tolerance: {} user event(s) still unset after {} s: recovering anyway. A stream waiting "
+                   "on one keeps the recovery, and the program, waiting: they cannot be set while it runs",
+                   unset_user_events_.size(), std::chrono::duration_cast<std::chrono::seconds>(kUserEventGrace).count());
       cv_.wait(lock, [&] { return !recovering_; });
     }
     recovering_ = true;
@@ -85,6 +97,39 @@ void FaultTolerance::OnSessionLost(SessionImpl* s) {
     }
     // Not a member any more (retired by a rollback): nothing to do.
   });
+}
+
+// Open ops that wait only for lost replicas, issued again to the healthy ones (lock held).
+void FaultTolerance::ReissueStranded() {
+  std::vector<std::shared_ptr<Op>> open;
+  {
+    std::lock_guard<std::mutex> l(tasks_mu_);
+    for (auto& [id, op] : open_) open.push_back(op);
+  }
+  for (auto& op : open) {
+    GroupSession* g = op->group;
+    if (!g->failed_.ok()) continue;
+    bool stranded = false;
+    {
+      std::lock_guard<std::mutex> l(op->m);
+      // Logged commands went to every replica: a healthy one answers them, or the replay.
+      if (op->delivered || (op->logged && !op->read) || op->waiting != 0) continue;
+      // Every answer is in and none can be used: each one that counts (a read's data, any
+      // other's reply) is a lost link. A read that a mismatch holds is not stranded.
+      bool any = false;
+      stranded = true;
+      for (size_t i = 0; i < op->answers.size(); ++i) {
+        const auto& a = op->answers[i];
+        if (!a.in || (op->read && !op->carries_data[i])) continue;
+        any = true;
+        if (!IsLinkLoss(a.st)) stranded = false;
+      }
+      stranded &= any;
+    }
+    bool healthy = false;
+    for (SessionImpl* s : g->replicas_) healthy |= s->health().ok();
+    if (stranded && healthy) Issue(op);
+  }
 }
 
 // Ops of the groups a recovery touched that still wait: asked again of the group as it is
@@ -164,18 +209,21 @@ std::vector<uint64_t> FaultTolerance::Devices(const GroupSession* g) const {
   return out;
 }
 
-void FaultTolerance::GatherErrors(GroupSession* g, SessionImpl* only) {
+void FaultTolerance::GatherErrors(GroupSession* g, SessionImpl* only, bool primary_settled) {
   for (SessionImpl* s : g->replicas_) {
     if (only && s != only) continue;
     std::vector<ir::AsyncError> errors = s->TakeAsyncErrors();
-    const uint64_t before = s->ft_errors, after = before + errors.size();
-    s->ft_errors = after;
-    if (after <= g->errors_known_) continue;
-    const size_t seen = static_cast<size_t>(g->errors_known_ > before ? g->errors_known_ - before : 0);
-    g->held_errors_.insert(g->held_errors_.end(), std::make_move_iterator(errors.begin() + static_cast<long>(seen)),
-                           std::make_move_iterator(errors.end()));
-    g->errors_known_ = after;
+    s->ft_errors.insert(s->ft_errors.end(), std::make_move_iterator(errors.begin()), std::make_move_iterator(errors.end()));
   }
+  if (g->replicas_.empty()) return;
+  const std::vector<ir::AsyncError>& primary = g->replicas_.front()->ft_errors;
+  // A primary that has finished every command sent so far reports all it ever will of them:
+  // fewer than the program was given means a replica it replaced reported errors of its own
+  // (a faulty one), and the next real error is past this primary's count, not past theirs.
+  if (primary_settled) g->errors_known_ = std::min<uint64_t>(g->errors_known_, primary.size());
+  if (primary.size() <= g->errors_known_) return;
+  g->held_errors_.insert(g->held_errors_.end(), primary.begin() + static_cast<long>(g->errors_known_), primary.end());
+  g->errors_known_ = primary.size();
 }
 
 Status FaultTolerance::Quiesce(SessionImpl* s, const std::vector<uint64_t>& devices) {
@@ -274,7 +322,7 @@ Status FaultTolerance::Checkpoint() {
     // Errors are numbered from the cut again (what is held stays held).
     GatherErrors(g.get());
     g->errors_known_ = 0;
-    for (SessionImpl* s : g->replicas_) s->ft_errors = 0;
+    for (SessionImpl* s : g->replicas_) s->ft_errors.clear();
   }
   log_.clear();
   log_bytes_ = 0;
@@ -344,7 +392,7 @@ Status FaultTolerance::RestoreFresh(GroupSession* g, size_t i, const std::string
   // The restore's own errors are not the program's; from here on s reports the errors of the
   // commands since the checkpoint, numbered from 0 (GatherErrors).
   s->TakeAsyncErrors();
-  s->ft_errors = 0;
+  s->ft_errors.clear();
   uint64_t replayed = 0;
   if (replay_log) {
     // With no other healthy replica in its group (the only one, or every other one lost too
@@ -365,13 +413,15 @@ Status FaultTolerance::RestoreFresh(GroupSession* g, size_t i, const std::string
         continue;
       }
       if (e.opcode == static_cast<uint16_t>(ir::Opcode::kBufferRead)) continue;  // asked again by ReissueOpen
-      s->PostRaw(e.opcode, e.payload, nullptr);
+      Replay(s, e.opcode, e.payload, e.op != nullptr);
       ++replayed;
     }
   }
   Stats::Get().replayed.fetch_add(replayed);
   Status st = Quiesce(s, Devices(g));
-  GatherErrors(g, s);  // the replay's: only those the lost state had not reported yet are new
+  // The replay's errors: only those the lost state had not reported yet are new. A primary
+  // that replayed the whole log has reported every error it will.
+  GatherErrors(g, s, /*primary_settled=*/st.ok() && replay_log && i == 0);
   s->set_forward_output(i == 0);
   if (old) source_->Retire(old);
   return st;
@@ -388,7 +438,6 @@ Status FaultTolerance::CopyFromPeer(GroupSession* g, size_t bad, size_t good) {
   // replica's, or a spare's re-creations) are dropped with the copy's own, and `to` numbers
   // its errors on from where `from` stands.
   GatherErrors(g, from);
-  const uint64_t position = from->ft_errors;
   TANDEM_RETURN_IF_ERROR(Quiesce(to, devices));
   uint64_t bytes = 0;
   for (const auto& [key, size] : Regions(g)) {
@@ -404,10 +453,13 @@ Status FaultTolerance::CopyFromPeer(GroupSession* g, size_t bad, size_t good) {
   TANDEM_RETURN_IF_ERROR(Quiesce(from, devices));
   auto errors = to->TakeAsyncErrors();
   from->TakeAsyncErrors();  // only the copy's sends
-  to->ft_errors = from->ft_errors = position;
+  to->ft_errors = from->ft_errors;
   for (const auto& e : errors)
     if (e.opcode == static_cast<uint32_t>(ir::Opcode::kPeerRecv) || e.opcode == static_cast<uint32_t>(ir::Opcode::kPeerSend))
       return Status(Code::kInternal, "restoring a replica from its peer failed: " + e.message);
+  // A primary copied from a peer that has finished everything: publish what the peer had that
+  // the program was not given (an error in flight when the primary was lost).
+  if (bad == 0) GatherErrors(g, from, /*primary_settled=*/true);
   Stats::Get().server_to_server.fetch_add(bytes);
   Stats::Get().restores.fetch_add(1);
   return Status::Ok();
@@ -463,7 +515,7 @@ Status FaultTolerance::RollbackInPlace(GroupSession* g) {
     for (const auto& e : s->TakeAsyncErrors())
       if (e.opcode == static_cast<uint32_t>(ir::Opcode::kBufferWrite))
         return Status(Code::kInternal, "writing the checkpoint back failed: " + e.message);
-    s->ft_errors = 0;  // at the checkpoint again: the replay's errors are numbered from 0
+    s->ft_errors.clear();  // at the checkpoint again: the replay's errors are numbered from 0
   }
   Stats::Get().rollbacks_in_place.fetch_add(n);
   log::Debug("fault tolerance: {} rolled back in place ({} bytes written)", g->name_, written);
@@ -527,7 +579,7 @@ void FaultTolerance::RollbackAll(const std::string& why) {
       }
       if (e.opcode == static_cast<uint16_t>(ir::Opcode::kBufferRead)) continue;
     }
-    for (SessionImpl* s : e.group->replicas_) s->PostRaw(e.opcode, e.payload, nullptr);
+    for (SessionImpl* s : e.group->replicas_) Replay(s, e.opcode, e.payload, e.op != nullptr);
     ++replayed;
   }
   for (auto& g : groups_) {
@@ -536,7 +588,9 @@ void FaultTolerance::RollbackAll(const std::string& why) {
       s->set_forward_output(false);
       Quiesce(s, devices);
     }
-    GatherErrors(g.get());  // of the replay: only those the rolled-back state had not reported are new
+    // Of the replay: only those the rolled-back state had not reported are new; the primary has
+    // finished the whole replay.
+    GatherErrors(g.get(), nullptr, /*primary_settled=*/true);
     if (!g->replicas_.empty()) g->replicas_[0]->set_forward_output(true);
   }
   Stats::Get().replayed.fetch_add(replayed);

@@ -79,9 +79,9 @@ class SessionImpl final : public Session {
   bool has_queued() const;
 
   uint32_t device_count_hint = 0;  // from Attach
-  // Fault tolerance (under its lock): how many of this replica's deferred errors, counted
-  // from the checkpoint, it has gathered (FaultTolerance::GatherErrors).
-  uint64_t ft_errors = 0;
+  // Fault tolerance (under its lock): this replica's deferred errors since the checkpoint, as
+  // gathered (FaultTolerance::GatherErrors).
+  std::vector<ir::AsyncError> ft_errors;
   // Whether device output (CUDA printf) reaches the program (off for voting replicas and
   // while a restore replays kernels).
   void set_forward_output(bool on) { forward_output_.store(on); }

@@ -4,9 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <numeric>
+#include <thread>
 
 #include "../server/daemon.h"
 #include "stats.h"
@@ -16,6 +19,33 @@ namespace tandem::client {
 namespace {
 
 using namespace std::chrono_literals;
+
+// Ends the test process with a message when the scope is not left in time: for a test whose
+// failure is a wait that never ends.
+class Watchdog {
+ public:
+  Watchdog(std::chrono::seconds limit, const char* what)
+      : thread_([this, limit, what] {
+          std::unique_lock<std::mutex> l(m_);
+          if (cv_.wait_for(l, limit, [&] { return done_; })) return;
+          std::fprintf(stderr, "watchdog: nothing after %lld s: %s\n", static_cast<long long>(limit.count()), what);
+          std::_Exit(1);
+        }) {}
+  ~Watchdog() {
+    {
+      std::lock_guard<std::mutex> l(m_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;  // last: started once the rest is made
+};
 
 // OpenCL device property key for the device name (CL_DEVICE_NAME).
 constexpr uint32_t kClDeviceName = 0x102B;
@@ -291,6 +321,9 @@ TEST(Rollback, AFailedCommandTheReplayRunsAgainIsReportedOnce) {
   std::iota(out.begin(), out.end(), uint8_t{7});
   ASSERT_TRUE(WriteBuffer(s, {.buffer = buf, .size = out.size()}, out.data(), true).ok());
   s.Post(ir::BufferFreeReq{.buffer = 0xDEAD0001});  // never allocated
+  // A failed command the program asked an answer of has its error in that answer; the
+  // replay asks again, so it is not deferred as one more error.
+  EXPECT_EQ(s.Call(ir::BufferFreeReq{.buffer = 0xDEAD0003}).status().code(), Code::kUnknownHandle);
   Status st = ReadBuffer(s, {.buffer = buf, .size = in.size()}, in.data(), true);
   ASSERT_TRUE(st.ok()) << st.ToString();
   EXPECT_EQ(in, out);
@@ -306,6 +339,45 @@ TEST(Rollback, AFailedCommandTheReplayRunsAgainIsReportedOnce) {
   ASSERT_TRUE(st.ok()) << st.ToString();
   EXPECT_EQ(in, out);
   EXPECT_EQ(s.TakeAsyncErrors().size(), 1u);
+  rt.Shutdown();  // before the daemons go
+}
+
+// A recovery first waits for the program to set its user events (a stream held by one would
+// hold the recovery's Quiesce, and the program cannot set it while the recovery runs). A query
+// the lost primary was to answer is asked of the survivor meanwhile, so a program that sets
+// its event once the query is answered (as a CUDA host callback's thread does) goes on, and
+// the takeover follows. Before, the query waited for the recovery, and the recovery, after
+// its 10 s grace, for the held stream: for ever (a watchdog ends the test then).
+TEST(UserEventRecovery, AQueryToALostPrimaryIsAnsweredWhileTheRecoveryWaits) {
+  Watchdog watchdog(60s, "the recovery and the program wait on each other");
+  test::Daemon a({}), b({}), c({});
+  for (auto* daemon : {&a, &b, &c}) ASSERT_FALSE(daemon->address().empty());
+  setenv("TANDEM_SERVERS", (a.address() + "," + b.address()).c_str(), 1);
+  setenv("TANDEM_REDUNDANCY", "2", 1);
+  setenv("TANDEM_SPARE_SERVERS", c.address().c_str(), 1);
+  auto& rt = Runtime::Get();
+  ASSERT_TRUE(rt.status().ok()) << rt.status().ToString();
+  Device& dev = *rt.Devices(Api::kOpenCL).at(0);
+  Session& s = *dev.session;
+  const uint64_t user = rt.NewHandle(), held = rt.NewHandle();
+  s.Post(ir::EventCreateReq{.event = user, .device = dev.remote_index, .flags = ir::kEventUser});
+  s.Post(ir::EventCreateReq{.event = held, .device = dev.remote_index, .flags = 0});
+  s.Post(ir::MarkerReq{.stream = 0, .barrier = 0, .wait = {user}, .signal = held});  // the stream waits for `user`
+  ASSERT_TRUE(s.Flush().ok());
+  a.Kill();
+  auto query = s.Call(ir::EventQueryReq{.event = held});
+  ASSERT_TRUE(query.ok()) << query.status().ToString();
+  EXPECT_GT(query->status, 0) << "the marker cannot be complete: its user event is unset";
+  s.Post(ir::UserEventSetReq{.event = user, .status = 0});
+  Status st = s.Call(ir::DeviceSyncReq{.device = dev.remote_index}).status();
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  // The takeover runs once the event is set; the survivor may answer the sync before it ends.
+  for (int i = 0; i < 200 && Stats::Get().migrations.load() == 0; ++i) std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(Stats::Get().migrations.load(), 1u);
+  query = s.Call(ir::EventQueryReq{.event = held});
+  ASSERT_TRUE(query.ok()) << query.status().ToString();
+  EXPECT_EQ(query->status, 0);
+  EXPECT_TRUE(s.TakeAsyncErrors().empty());
   rt.Shutdown();  // before the daemons go
 }
 

@@ -1,9 +1,10 @@
 // Runs a real tandemd as a child process for a test: its stderr goes to a log file, the
 // address it listens on is read from that log, and it is killed (with its session
-// workers, which die with it) when the fixture goes.
+// workers, which die with it) when the fixture goes, or when the test process ends.
 #pragma once
 
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -30,8 +31,13 @@ class Daemon {
     std::remove(log_.c_str());  // so an old log's address is never read
     std::vector<std::string> args = {TANDEMD_PATH, "--listen", "127.0.0.1:0", "--backend", "opencl"};
     args.insert(args.end(), extra.begin(), extra.end());
+    const pid_t parent = ::getpid();
     pid_ = ::fork();
     if (pid_ == 0) {
+      // Dies with the test, also one that ends without its destructors (a watchdog's _Exit, a
+      // crash): no server outlives it holding the test's output open. The signal follows the
+      // thread that forks: Daemons are made on the test's main thread.
+      if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() != parent) ::_exit(125);
       std::vector<char*> argv;
       for (auto& a : args) argv.push_back(a.data());
       argv.push_back(nullptr);
