@@ -54,7 +54,10 @@ Status WriteBuffer(Session& s, ir::BufferWriteReq req, const void* src, bool blo
     return Status::Ok();
   }
   auto mr = s.Register(src, req.size, fabric::kRemoteRead);
-  if (!mr.ok()) return mr.status();
+  if (!mr.ok()) {
+    if (done) done(mr.status());
+    return mr.status();
+  }
   req.remote = {.addr = (*mr)->remote_addr(), .len = req.size, .key = (*mr)->key()};
   Stats::Get().rma_to_server.fetch_add(req.size, std::memory_order_relaxed);
   auto completion = blocking ? std::make_shared<Completion>() : nullptr;
@@ -76,7 +79,10 @@ Status ReadBuffer(Session& s, ir::BufferReadReq req, void* dst, bool blocking,
   std::shared_ptr<fabric::MemoryRegion> region;
   if (UseRma(s, req.size)) {
     auto mr = s.Register(dst, req.size, fabric::kRemoteWrite);
-    if (!mr.ok()) return mr.status();
+    if (!mr.ok()) {
+      if (done) done(mr.status());
+      return mr.status();
+    }
     req.remote = {.addr = (*mr)->remote_addr(), .len = req.size, .key = (*mr)->key()};
     Stats::Get().rma_from_server.fetch_add(req.size, std::memory_order_relaxed);
     region = std::move(mr).value();

@@ -285,13 +285,28 @@ uint64_t Frontend::LastPendingTicket() {
 
 void Frontend::WaitPendingThrough(uint64_t ticket, uint64_t stream) {
   std::unique_lock<std::mutex> lock(pending_mu_);
+  auto ordered_after = [&](uint64_t copy_stream) {
+    if (copy_stream == stream) return true;
+    if (stream == 0) return !non_blocking_.contains(copy_stream);  // the legacy stream waits for blocking streams
+    return copy_stream == 0 && !non_blocking_.contains(stream);   // a blocking stream waits for the legacy one
+  };
   pending_cv_.wait(lock, [&] {
     for (const auto& [t, s] : pending_) {
       if (t > ticket) return true;
-      if (stream == 0 || s == stream) return false;
+      if (ordered_after(s)) return false;
     }
     return true;
   });
+}
+
+void Frontend::NoteStream(uint64_t stream, bool non_blocking) {
+  std::lock_guard<std::mutex> lock(pending_mu_);
+  if (non_blocking) non_blocking_.insert(stream);
+}
+
+void Frontend::ForgetStream(uint64_t stream) {
+  std::lock_guard<std::mutex> lock(pending_mu_);
+  non_blocking_.erase(stream);  // a copy of it still pending is then waited for as a blocking one's
 }
 
 cudaError_t Frontend::WaitPending() {

@@ -187,7 +187,17 @@ class Frontend {
   // that event (a host callback, a query that found it complete) waits for them first. They
   // are done on the device, so the wait is short.
   uint64_t LastPendingTicket();
+  // Which copies a waiter on `stream` waits for follows CUDA's legacy default stream: those on
+  // its own stream; on stream 0 also those on every blocking stream; on a blocking stream also
+  // those on stream 0 (cudaStreamNonBlocking streams are noted by NoteStream).
   void WaitPendingThrough(uint64_t ticket, uint64_t stream);
+  void NoteStream(uint64_t stream, bool non_blocking);
+  void ForgetStream(uint64_t stream);
+  // Taken across posting a copy that has a ticket (from WaitCallbacks to its post), and across
+  // posting a host callback's gate with the last ticket it waits for, after mu: a copy the
+  // callback waits for is then always posted before the gate, never behind it, where the
+  // callback and the copy would wait for each other.
+  std::mutex post_order;
 
   // Host callbacks not yet run. tandemd runs a session's commands one at a time, and a
   // command that blocks on a stream held by a callback's gate would keep the gate from ever
@@ -208,6 +218,7 @@ class Frontend {
   std::mutex pending_mu_;
   std::condition_variable pending_cv_;
   std::map<uint64_t, uint64_t> pending_;  // the copies not done yet: ticket -> stream
+  std::set<uint64_t> non_blocking_;       // IR handles of cudaStreamNonBlocking streams
   uint64_t last_ticket_ = 0;
   Status pending_error_;
   int callbacks_ = 0;  // guarded by pending_mu_

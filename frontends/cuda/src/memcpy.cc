@@ -4,6 +4,7 @@
 // cudaMemcpyDefault. Pinned host memory travels by RMA with its cached registration.
 #include <algorithm>
 #include <cstring>
+#include <functional>
 
 #include "frontend.h"
 #include "tandem/client/completion.h"
@@ -42,55 +43,70 @@ ir::Region RegionOf(const fabric::MemoryRegion& mr, const void* p, size_t n) {
 
 using Done = tandem::client::Completion;
 
+// How a transfer's end is told: a synchronous one's waiter, or an asynchronous one's ticket.
+std::function<void(const Status&)> Finish(std::shared_ptr<Done> done, uint64_t ticket) {
+  return [done = std::move(done), ticket](const Status& st) {
+    if (done) done->Set(st);
+    else Frontend::Get().EndPending(ticket, st);
+  };
+}
+
+// What the caller gets: an asynchronous transfer's posting, a synchronous one's whole result.
+cudaError_t Outcome(const std::shared_ptr<Done>& done, const Status& posted) {
+  if (!done) return ToCuda(posted);
+  Status st = done->Wait();
+  return ToCuda(st.ok() ? posted : st);
+}
+
 // Host -> device. Synchronous copies return once the source may be reused; asynchronous ones
 // from pageable memory are staged first; from pinned memory they read it in place, later.
+// Posted under post_order (frontend.h); a synchronous one is waited for after.
 cudaError_t Write(const Target& t, uint64_t address, const void* src, size_t n, bool async,
                   std::shared_ptr<fabric::MemoryRegion> pinned) {
   Frontend& f = Frontend::Get();
-  if (n > ir::kInlineDataLimit) f.WaitCallbacks();  // the server waits on its stream for bulk writes
   ir::BufferWriteReq req{.stream = t.stream, .buffer = 0, .offset = address, .size = n};
-  if (pinned) {
-    req.remote = RegionOf(*pinned, src, n);
-    auto done = async ? nullptr : std::make_shared<Done>();
-    const uint64_t ticket = async ? f.BeginPending(t.stream) : 0;
-    t.session->Post(req, [pinned, done, ticket](const Status& st, ir::BufferWriteRep&&) {
-      if (done) done->Set(st);
-      else Frontend::Get().EndPending(ticket, st);
-    });
-    if (async) return ToCuda(t.session->Flush());
-    t.session->Flush();
-    return ToCuda(done->Wait());
+  auto done = async ? nullptr : std::make_shared<Done>();
+  Status posted;
+  {
+    std::lock_guard<std::mutex> order(f.post_order);
+    if (n > ir::kInlineDataLimit) f.WaitCallbacks();  // the server waits on its stream for bulk writes
+    auto finish = Finish(done, async ? f.BeginPending(t.stream) : 0);
+    if (pinned) {
+      req.remote = RegionOf(*pinned, src, n);
+      t.session->Post(req, [pinned, finish](const Status& st, ir::BufferWriteRep&&) { finish(st); });
+      posted = t.session->Flush();
+    } else if (async) {
+      auto staged = std::make_shared<std::vector<uint8_t>>(static_cast<const uint8_t*>(src),
+                                                           static_cast<const uint8_t*>(src) + n);
+      posted = client::WriteBuffer(*t.session, req, staged->data(), false,
+                                   [staged, finish](const Status& st) { finish(st); });
+    } else {
+      posted = client::WriteBuffer(*t.session, req, src, false, finish);
+    }
   }
-  if (!async) return ToCuda(client::WriteBuffer(*t.session, req, src, true));
-  auto staged = std::make_shared<std::vector<uint8_t>>(static_cast<const uint8_t*>(src),
-                                                       static_cast<const uint8_t*>(src) + n);
-  const uint64_t ticket = f.BeginPending(t.stream);
-  Status st = client::WriteBuffer(*t.session, req, staged->data(), false,
-                                  [staged, ticket](const Status& s) { Frontend::Get().EndPending(ticket, s); });
-  return ToCuda(st);
+  return Outcome(done, posted);
 }
 
 // Device -> host. Asynchronous reads land before the next sync point returns.
 cudaError_t Read(const Target& t, uint64_t address, void* dst, size_t n, bool async,
                  std::shared_ptr<fabric::MemoryRegion> pinned) {
   Frontend& f = Frontend::Get();
-  f.WaitCallbacks();  // the server waits for the stream to read
   ir::BufferReadReq req{.stream = t.stream, .buffer = 0, .offset = address, .size = n};
-  if (pinned) {
-    req.remote = RegionOf(*pinned, dst, n);
-    auto done = async ? nullptr : std::make_shared<Done>();
-    const uint64_t ticket = async ? f.BeginPending(t.stream) : 0;
-    t.session->Post(req, [pinned, done, ticket](const Status& st, ir::BufferReadRep&&) {
-      if (done) done->Set(st);
-      else Frontend::Get().EndPending(ticket, st);
-    });
-    t.session->Flush();
-    return async ? cudaSuccess : ToCuda(done->Wait());
+  auto done = async ? nullptr : std::make_shared<Done>();
+  Status posted;
+  {
+    std::lock_guard<std::mutex> order(f.post_order);
+    f.WaitCallbacks();  // the server waits for the stream to read
+    auto finish = Finish(done, async ? f.BeginPending(t.stream) : 0);
+    if (pinned) {
+      req.remote = RegionOf(*pinned, dst, n);
+      t.session->Post(req, [pinned, finish](const Status& st, ir::BufferReadRep&&) { finish(st); });
+      posted = t.session->Flush();
+    } else {
+      posted = client::ReadBuffer(*t.session, req, dst, false, finish);
+    }
   }
-  if (!async) return ToCuda(client::ReadBuffer(*t.session, req, dst, true));
-  const uint64_t ticket = f.BeginPending(t.stream);
-  return ToCuda(client::ReadBuffer(*t.session, req, dst, false,
-                                   [ticket](const Status& s) { Frontend::Get().EndPending(ticket, s); }));
+  return Outcome(done, posted);
 }
 
 struct Side {

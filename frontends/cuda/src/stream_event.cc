@@ -128,6 +128,7 @@ cudaError_t AddCallback(cudaStream_t stream, std::function<void(cudaError_t)> fn
   TANDEM_RETURN_CUDA_IF_ERROR(StreamTarget(stream, &d, &s));
   std::shared_ptr<CallbackQueue>& q = IsDefault(stream) ? DefaultQueues()[d->index] : f.streams.at(stream)->callbacks;
   if (!q) q = CallbackQueue::Start();
+  std::lock_guard<std::mutex> order(f.post_order);  // the copies it waits for are posted before its gate
   client::Runtime& rt = client::Runtime::Get();
   CallbackQueue::Item item{&d->session(), rt.NewHandle(), rt.NewHandle(), std::move(fn), f.LastPendingTicket(),
                            s.handle};
@@ -187,6 +188,7 @@ TANDEM_API cudaError_t cudaStreamCreateWithPriority(cudaStream_t* stream, unsign
                                         .device = d->remote(),
                                         .flags = (flags & cudaStreamNonBlocking) ? ir::kStreamNonBlocking : 0u,
                                         .priority = priority});
+  f.NoteStream(s->handle, flags & cudaStreamNonBlocking);
   *stream = reinterpret_cast<cudaStream_t>(s.get());
   f.streams.emplace(*stream, std::move(s));
   return cudaSuccess;
@@ -210,6 +212,7 @@ TANDEM_API cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   TANDEM_RETURN_CUDA_IF_ERROR(Return(f.Device(it->second->device, &d)));
   d->session().Post(ir::StreamDestroyReq{.stream = it->second->handle});
   d->foreign_waits.erase(it->second->handle);
+  f.ForgetStream(it->second->handle);
   f.streams.erase(it);
   return cudaSuccess;
 }

@@ -1,8 +1,11 @@
 // Host callbacks (cudaStreamAddCallback, cudaLaunchHostFunc) run in stream order, after the
-// work queued before them, including an asynchronous copy back to host memory.
+// work queued before them, including an asynchronous copy back to host memory: on their own
+// stream, and on the legacy default stream before a callback on a blocking stream. Then one
+// thread reads back on the default stream while another queues callbacks there.
 #include <atomic>
 #include <cstdio>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "check.h"
@@ -30,6 +33,23 @@ void record(const Step* s) {
 
 void CUDART_CB host_fn(void* data) { record(static_cast<const Step*>(data)); }
 
+void CUDART_CB count_fn(void* data) { static_cast<std::atomic<int>*>(data)->fetch_add(1); }
+
+// Reads back on the default stream, synchronously and asynchronously by turns; 0 or why not.
+int ReadBackLoop(const int* d, int n, int rounds) {
+  std::vector<int> tmp(n);
+  for (int i = 0; i < rounds; ++i) {
+    if (i % 2 == 0) {
+      CHECK(cudaMemcpy(tmp.data(), d, n * sizeof(int), cudaMemcpyDeviceToHost));
+    } else {
+      CHECK(cudaMemcpyAsync(tmp.data(), d, n * sizeof(int), cudaMemcpyDeviceToHost, 0));
+      CHECK(cudaStreamSynchronize(0));
+    }
+    if (tmp[0] != 7 || tmp[n - 1] != 7) bad++;
+  }
+  return 0;
+}
+
 void CUDART_CB stream_cb(cudaStream_t, cudaError_t status, void* data) {
   if (status != cudaSuccess) bad++;
   record(static_cast<const Step*>(data));
@@ -55,11 +75,27 @@ int main() {
   Step last{h, 1, 4};
   CHECK(cudaLaunchHostFunc(0, host_fn, &last));
   CHECK(cudaDeviceSynchronize());
+  // The legacy default stream: work on a blocking stream waits for what stream 0 had queued.
+  fill<<<1, n>>>(d, 7, n);
+  CHECK(cudaMemcpyAsync(h + n, d, n * sizeof(int), cudaMemcpyDeviceToHost, 0));
+  Step legacy{h + n, 7, 5};
+  CHECK(cudaLaunchHostFunc(s, host_fn, &legacy));
+  CHECK(cudaDeviceSynchronize());
   printf("callbacks ran in order:");
   for (int i : order) printf(" %d", i);
   printf("\ncallbacks saw wrong data: %d\n", bad.load());
+  // Two threads on the default stream: read backs and callbacks, neither waiting for ever.
+  const int rounds = 300;
+  std::atomic<int> ran{0};
+  int reader_failed = 0;
+  std::thread reader([&] { reader_failed = ReadBackLoop(d, n, rounds); });
+  for (int i = 0; i < rounds; ++i) CHECK(cudaLaunchHostFunc(0, count_fn, &ran));
+  reader.join();
+  CHECK(cudaDeviceSynchronize());
+  printf("callbacks beside a reading thread: %d of %d, reads failed: %d, wrong data: %d\n", ran.load(), rounds,
+         reader_failed, bad.load());
   CHECK(cudaStreamDestroy(s));
   CHECK(cudaFree(d));
   CHECK(cudaFreeHost(h));
-  return bad.load() != 0 || order.size() != 5;
+  return bad.load() != 0 || order.size() != 6 || ran.load() != rounds || reader_failed != 0;
 }

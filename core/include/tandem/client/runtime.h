@@ -133,7 +133,9 @@ class Runtime {
 
 // Writes host memory into a buffer. Small writes travel inline; large ones by RMA from
 // `src` (registered for the duration). With blocking, returns once `src` may be reused;
-// otherwise `src` must stay valid until `done` runs (done may be empty).
+// otherwise `src` must stay valid until `done` runs (done may be empty). Of both helpers:
+// `done` runs also when the call fails, with the error (it may run before the call returns),
+// so whatever it ends is ended once posting failed too.
 Status WriteBuffer(Session& s, ir::BufferWriteReq req, const void* src, bool blocking,
                    std::function<void(const Status&)> done = {});
 // Reads a buffer range into host memory. With blocking, returns when `dst` holds the data;
