@@ -337,6 +337,9 @@ TEST(PeerLink, MalformedMessageFailsWhatWaitsOnThatPeer) {
   Status st = done.get();
   EXPECT_EQ(st.code(), Code::kLinkLost) << st.ToString();
   EXPECT_NE(st.message().find("malformed"), std::string::npos) << st.ToString();
+  // The transfer fails inside OnMessage, before it answers false and the worker counts the
+  // refusal: wait for the count rather than read it at once.
+  for (int i = 0; i < 500 && dst.refused.load() == 0; ++i) std::this_thread::sleep_for(10ms);
   EXPECT_EQ(dst.refused, 1);
 }
 
