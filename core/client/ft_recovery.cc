@@ -99,14 +99,17 @@ void FaultTolerance::OnSessionLost(SessionImpl* s) {
   });
 }
 
+std::vector<std::shared_ptr<FaultTolerance::Op>> FaultTolerance::OpenOps(const GroupSession* g) {
+  std::vector<std::shared_ptr<Op>> out;
+  std::lock_guard<std::mutex> l(tasks_mu_);
+  for (auto& [id, op] : open_)
+    if (!g || op->group == g) out.push_back(op);
+  return out;
+}
+
 // Open ops that wait only for lost replicas, issued again to the healthy ones (lock held).
 void FaultTolerance::ReissueStranded() {
-  std::vector<std::shared_ptr<Op>> open;
-  {
-    std::lock_guard<std::mutex> l(tasks_mu_);
-    for (auto& [id, op] : open_) open.push_back(op);
-  }
-  for (auto& op : open) {
+  for (auto& op : OpenOps()) {
     GroupSession* g = op->group;
     if (!g->failed_.ok()) continue;
     bool stranded = false;
@@ -136,12 +139,7 @@ void FaultTolerance::ReissueStranded() {
 // now, unless the recovery re-issued them itself (a replay). Logged ops are answered by
 // their replay or by a surviving replica, never sent twice.
 void FaultTolerance::ReissueOpen() {
-  std::vector<std::shared_ptr<Op>> open;
-  {
-    std::lock_guard<std::mutex> l(tasks_mu_);
-    for (auto& [id, op] : open_) open.push_back(op);
-  }
-  for (auto& op : open) {
+  for (auto& op : OpenOps()) {
     if (!op->group->failed_.ok()) {
       Deliver(op, op->group->failed_, {});
       continue;
@@ -675,13 +673,7 @@ void FaultTolerance::ReplaceLost(GroupSession* g, size_t i, const std::string& w
 void FaultTolerance::FailGroup(GroupSession* g, const Status& why) {
   log::Error("fault tolerance: {}", why.message());
   g->failed_ = why;
-  std::vector<std::shared_ptr<Op>> open;
-  {
-    std::lock_guard<std::mutex> l(tasks_mu_);
-    for (auto& [id, op] : open_)
-      if (op->group == g) open.push_back(op);
-  }
-  for (auto& op : open) Deliver(op, why, {});
+  for (auto& op : OpenOps(g)) Deliver(op, why, {});
 }
 
 void FaultTolerance::OnMismatch(const std::shared_ptr<Op>& op, std::vector<size_t> outvoted, bool majority) {
