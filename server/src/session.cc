@@ -674,7 +674,10 @@ Status Session::Execute(const ir::PingReq& req, ir::PingRep* rep) {
 
 Status Session::Execute(const ir::GoodbyeReq&, ir::GoodbyeRep*) {
   goodbye_ = true;
-  if (profile_) profile_->Log();
+  if (profile_) {
+    profile_->Log();
+    backend_->LogProfile();
+  }
   return Status::Ok();
 }
 

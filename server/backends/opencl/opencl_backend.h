@@ -187,15 +187,26 @@ class EventWatcher {
     cl_int fired_status = 0;  // the poller's finding
   };
   // Hands a pending watch to the runner thread, once (from the callback or the poller).
-  void Fire(const std::shared_ptr<Pending>& p, cl_int status);
+  enum Via { kCallback, kYoungPoll, kSweep };
+  void Fire(const std::shared_ptr<Pending>& p, cl_int status, Via via);
   // Runs fn on the watcher's thread, after what is already due there.
   void Post(std::function<void()> fn);
+  // With TANDEM_SERVER_PROFILE=1: how watches fired (callback, young poll, sweep) and how
+  // long what they run waited for and held the runner thread, logged as "profile:" lines.
+  void LogProfile();
 
  private:
+  using Clock = std::chrono::steady_clock;
   struct Ready {
     std::function<void(cl_int)> fn;
     cl_int status = 0;
-    std::shared_ptr<Pending> pending;  // keeps the event until fn has run
+    std::shared_ptr<Pending> pending;  // keeps the event until fn has run (null: a Post)
+    Clock::time_point queued;
+  };
+  struct Tally {
+    std::atomic<uint64_t> count{0};
+    std::atomic<int64_t> total_ns{0}, max_ns{0};
+    void Add(Clock::duration d);
   };
   void Start();
   void PollLoop();
@@ -205,6 +216,9 @@ class EventWatcher {
   std::vector<std::shared_ptr<Pending>> watches_;
   std::deque<Ready> ready_;
   std::once_flag started_;
+  const bool profiling_ = ProfilingFromEnv();
+  static bool ProfilingFromEnv();
+  Tally fired_[3], queued_watch_, queued_post_, ran_watch_, ran_post_;
 };
 
 class OpenCLBackend : public Backend {
@@ -213,6 +227,7 @@ class OpenCLBackend : public Backend {
   ~OpenCLBackend() override;
 
   std::string name() const override { return name_; }
+  void LogProfile() override { EventWatcher::Get().LogProfile(); }
   uint32_t device_count() const override { return static_cast<uint32_t>(devices_.size()); }
 
   Status OnDeviceInfo(const ir::DeviceInfoReq&, ir::DeviceInfoRep*) override;

@@ -57,6 +57,8 @@ class Backend {
   virtual ~Backend() = default;
   virtual std::string name() const = 0;  // "opencl (Portable Computing Language)", "cuda"
   virtual uint32_t device_count() const = 0;
+  // With TANDEM_SERVER_PROFILE=1, at the session's end: the backend's own "profile:" lines.
+  virtual void LogProfile() {}
   void set_bulk(BulkIO* bulk) { bulk_ = bulk; }
   BulkIO* bulk() const { return bulk_; }
   // Host memory for the client bulk channel's staging chunks, where the backend's device
