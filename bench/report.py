@@ -360,6 +360,14 @@ if os.path.exists(wl):
                             pass
         return t
 
+    procs = {}  # name -> why the 4-process native run has no time ("" when it has one)
+    wlp = os.path.join(OUT, "workloads-procs.txt")
+    if os.path.exists(wlp):
+        with open(wlp) as f:
+            for line in f:
+                parts = line.rstrip("\n").split("\t")
+                if len(parts) >= 2:
+                    procs[parts[0]] = parts[1]
     with open(wl) as f:
         for line in f:
             parts = line.rstrip("\n").split("\t")
@@ -371,21 +379,35 @@ if os.path.exists(wl):
             nat_why = nat_why or ("" if nat is not None else "no `time: X s` line")
             tan_why = tan_why or ("" if tan is not None else "no `time: X s` line")
             eff = None if nat is None or tan is None or tan <= 0 else nat / tan
+            pro, pro_cell, pro_eff = None, "-", None
+            if name in procs:
+                pro_why = procs[name]
+                pro = None if pro_why else seconds(os.path.join(OUT, "work-%s-procs.txt" % name))
+                pro_why = pro_why or ("" if pro is not None else "no `time: X s` line")
+                pro_cell = cell((pro, "s", unparen(pro_why)), "s")
+                pro_eff = None if pro is None or tan is None or tan <= 0 else pro / tan
             work_rows.append([name, n, cell((nat, "s", unparen(nat_why)), "s"), cell((tan, "s", unparen(tan_why)), "s"),
-                              "-" if eff is None else "%.2f" % eff])
+                              "-" if eff is None else "%.2f" % eff, pro_cell,
+                              "-" if pro_eff is None else "%.2f" % pro_eff])
             jr = {"name": name, "servers": int(n), "native_s": nat, "tandem_s": tan,
                   "native_over_tandem": rnd(eff)}
+            if name in procs:
+                jr["native_4proc_s"] = pro
+                jr["native_4proc_over_tandem"] = rnd(pro_eff)
             if nat is None:
                 jr["native_note"] = unparen(nat_why)
             if tan is None:
                 jr["tandem_note"] = unparen(tan_why)
             json_work.append(jr)
 if work_rows:
-    hdr = ["workload (time: X s)", "servers", "native", "tandem", "native/tandem"]
+    hdr = ["workload (time: X s)", "servers", "native", "tandem", "native/tandem", "native, 4 processes",
+           "4 proc/tandem"]
     widths = [max(len(h), *(len(r[i]) for r in work_rows)) for i, h in enumerate(hdr)]
     lines.append("")
     lines += table(hdr, work_rows, widths)
     lines.append("native/tandem: the share of native speed Tandem keeps (1 = parity)")
+    lines.append("native, 4 processes: the same bands natively in four processes sharing the device(s), halos "
+                 "through the host (bench/advection_procs)")
 
 if notes:
     lines.append("")

@@ -13,7 +13,8 @@
 #                   servers; natively only with two devices, else n/a)
 #   tandem(shm)     the Tandem half again over the shm provider (see TANDEM_BENCH_SHM)
 #   workloads       examples/opencl/{advection,multi_matmul} (--devices 4, four servers; on a GPU also
-#                   at n = 8192) and
+#                   at n = 8192), advection also natively in four processes (bench/advection_procs)
+#                   and
 #                   examples/cuda/remd (one and two servers) when built; skipped otherwise. With one
 #                   GPU, remd_2srv_mps again with both servers (and the native run) on NVIDIA's
 #                   MPS, as the two servers would run on two GPUs (scripts/lib/mps.sh)
@@ -340,18 +341,34 @@ workload() {
   fi
   printf '%s\t%s\t%s\t%s\n' "$name" "$n" "$nat_why" "$tan_why" >>"$OUT/workloads.txt"
 }
+# procs_baseline NAME ARGS...: the advection row NAME again natively, its bands in four
+# processes sharing the device (bench/advection_procs.c): what four programs on one GPU get
+# without Tandem, where four tandemd share it. Report column "native, 4 processes".
+procs_baseline() {
+  local name=$1 rc why=""; shift
+  [[ -x $BUILD/bench/advection_procs ]] || return 0
+  local RUN_TIMEOUT=$WORK_TIMEOUT NATIVE_ENV=""
+  log "workload $name: native, four processes"
+  run_native "work-$name-procs" "$BUILD/bench/advection_procs" --procs 4 "$@"; rc=$?
+  ((rc)) && why="($(reason "work-$name-procs" $rc))"
+  printf '%s\t%s\n' "$name" "$why" >>"$OUT/workloads-procs.txt"
+}
+: >"$OUT/workloads-procs.txt"
 if ((QUICK)); then
   log "workloads: skipped in quick mode"
 else
   workload advection_4dev opencl 4 --no-cuda "$BUILD/examples/opencl/advection" --devices 4
+  procs_baseline advection_4dev
   workload multi_matmul_4dev opencl 4 --no-cuda "$BUILD/examples/opencl/multi_matmul" --devices 4
   if ((gpu)); then
     # The same split at sizes a user would spread over four GPUs: at the default sizes a whole
     # native run takes milliseconds and per-step round trips decide the ratio.
     workload advection_4dev_n8192 opencl 4 --no-cuda "$BUILD/examples/opencl/advection" --devices 4 --n 8192 \
       --steps 200 --no-check
+    procs_baseline advection_4dev_n8192 --n 8192 --steps 200
     workload advection_4dev_n16384 opencl 4 --no-cuda "$BUILD/examples/opencl/advection" --devices 4 --n 16384 \
       --steps 100 --no-check
+    procs_baseline advection_4dev_n16384 --n 16384 --steps 100
     workload multi_matmul_4dev_n8192 opencl 4 --no-cuda "$BUILD/examples/opencl/multi_matmul" --devices 4 --n 8192
     workload remd cuda 1 "" "$BUILD/examples/cuda/remd"
     workload remd_2srv cuda 2 "" "$BUILD/examples/cuda/remd"

@@ -38,6 +38,7 @@ struct Buffer {
   std::unique_ptr<uint8_t[]> data;
   fid_mr* mr = nullptr;
   void* desc = nullptr;
+  bool pooled = true;  // false: sized to one deferred frame, freed after use (not a send buffer)
 };
 
 struct RecvSlot : OpContext {
@@ -50,7 +51,8 @@ struct SendOp : OpContext {
   Buffer buf;  // returned to the pool on completion
   size_t len = 0;                  // of the frame in buf, and where it goes:
   fi_addr_t addr = FI_ADDR_UNSPEC;  // used when the post is deferred
-  bool handed_off = false;          // a caller's message (Options::hand_off_idle_us), not control
+  bool handed_off = false;          // a caller's frame (handed off, or deferred on -FI_EAGAIN), not control
+  Clock::time_point deadline = Clock::time_point::max();  // a caller's: its peer is lost when not posted by then
   SendOp() : OpContext(Kind::kSend) {}
 };
 
@@ -99,6 +101,7 @@ struct Conn {
   Status failure;
   uint64_t next_send_id = 0;
   uint64_t next_deliver = 0;
+  size_t deferred = 0;  // bytes of this peer's caller frames waiting in control_deferred_
   std::map<uint64_t, Partial> partial;  // by message id; complete ones wait here for their turn
 };
 
@@ -136,14 +139,22 @@ class RdmEndpoint final : public Endpoint {
   // Setup (rdm_setup.cc).
   Status OpenAt(const Options& options, const std::string& host, const std::string& service);
   Status PostReceives(int count);
-  Result<Buffer> NewBuffer();
+  Result<Buffer> NewBuffer(size_t bytes = 0);  // 0: a send/receive buffer (header + max_message)
   void FreeBuffer(Buffer& b);
   bool mr_local() const;
   Result<fid_mr*> RegisterRaw(void* addr, size_t len, uint64_t access);
 
   // Messages (rdm_messages.cc).
+  // may_defer: a caller's data frame, which the progress thread posts when the provider does
+  // not take it at once (Defer); otherwise the caller retries until the deadline.
   Status SendFrame(PeerId peer, fi_addr_t addr, const wire::Header& h, const uint8_t* payload, size_t len,
-                   Clock::time_point deadline, bool may_inject);
+                   Clock::time_point deadline, bool may_inject, bool may_defer = false);
+  // Queues a caller's frame for the progress thread: op (buf, len, addr and peer set), or a copy
+  // of header and payload in a buffer of its own size.
+  Status Defer(std::unique_ptr<SendOp> op, Clock::time_point deadline);
+  Status Defer(PeerId peer, fi_addr_t addr, const wire::Header& h, const uint8_t* payload, size_t len,
+               Clock::time_point deadline);
+  bool Backlogged(PeerId peer);
   Status PostWithRetry(const char* what, Clock::time_point deadline, const std::function<ssize_t()>& post);
   Result<Buffer> TakeBuffer(Clock::time_point deadline);
   void ReleaseBuffer(Buffer b);

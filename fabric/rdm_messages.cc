@@ -10,9 +10,17 @@
 namespace tandem::fabric {
 namespace {
 
-// A send that cannot make progress this long fails instead of hanging on a dead peer.
 // Send buffers (each max_message) an endpoint may have in flight before Send() waits.
 constexpr size_t kMaxSendBuffers = 32;
+// A caller's frame the provider does not take within this long (-FI_EAGAIN: a full queue, or a
+// peer that died and is being reconnected to) is left to the progress thread, and the caller
+// goes on: a thread that sends to several peers (the client's flusher) must not sit out a dead
+// one's send_timeout while the others wait for it.
+constexpr auto kDeferAfter = std::chrono::microseconds(500);
+// Bytes of one peer's frames that may wait so before its senders wait too (at most until the
+// peer is declared lost). Each is a copy of its own size, outside the send buffers: a dead peer
+// takes none of those from the live ones.
+constexpr size_t kMaxDeferredPerPeer = 64u << 20;
 // Largest frame we inject from the stack.
 constexpr size_t kInjectMax = 256;
 
@@ -104,6 +112,7 @@ void RdmEndpoint::Close(PeerId peer) {
         ++it;
         continue;
       }
+      c->deferred -= op->len;
       if (fi_send(h_->ep, op->buf.data.get(), op->len, op->buf.desc, op->addr, &op->fi) == 0) {
         sends_in_flight_.insert(it->release());
       } else {
@@ -166,45 +175,40 @@ Status RdmEndpoint::Send(PeerId peer, std::vector<uint8_t> data) {
   const Clock::time_point now = Clock::now();
   const bool cold = hand_off_idle_us_ > 0 && now - last_send > std::chrono::microseconds(hand_off_idle_us_);
   last_send = now;
+  const auto deadline = now + send_timeout_;
   if (cold && data.size() <= max_message_ && progress_hot_.load()) {
-    auto buf = TakeBuffer(now + send_timeout_);
-    if (!buf.ok()) {
+    auto buf = TakeBuffer(deadline);
+    Status st = buf.status();
+    if (buf.ok()) {
+      auto op = std::make_unique<SendOp>();
+      op->peer = peer;
+      op->buf = std::move(*buf);
+      h.frag_count = 1;
+      h.total_len = data.size();
+      wire::EncodeHeader(h, op->buf.data.get());
+      if (!data.empty()) std::memcpy(op->buf.data.get() + wire::kHeaderSize, data.data(), data.size());
+      op->len = wire::kHeaderSize + data.size();
+      op->addr = addr;
+      st = Defer(std::move(op), deadline);
+    }
+    if (!st.ok()) {
       // Its msg_id is taken: a later message would wait at the receiver for this one forever.
       std::lock_guard<std::mutex> lock(mu_);
-      PeerFailed(peer, buf.status());
-      return buf.status();
-    }
-    auto op = std::make_unique<SendOp>();
-    op->peer = peer;
-    op->buf = std::move(*buf);
-    op->handed_off = true;
-    h.frag_count = 1;
-    h.total_len = data.size();
-    wire::EncodeHeader(h, op->buf.data.get());
-    if (!data.empty()) std::memcpy(op->buf.data.get() + wire::kHeaderSize, data.data(), data.size());
-    op->len = wire::kHeaderSize + data.size();
-    op->addr = addr;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      control_deferred_.push_back(std::move(op));
-      deferred_ = true;
+      PeerFailed(peer, st);
+      return st;
     }
     sends_handed_off_.fetch_add(1, std::memory_order_relaxed);
-    // A progress thread that stopped polling meanwhile looks at its queue before it blocks
-    // (ProgressLoop); one already blocked is woken.
-    if (!progress_hot_.load()) Kick();
     return Status::Ok();
   }
   // Fragments of max_message; the receiver places each by offset and delivers in msg_id order.
   size_t count = data.empty() ? 1 : (data.size() + max_message_ - 1) / max_message_;
   h.frag_count = static_cast<uint32_t>(count);
   h.total_len = data.size();
-  auto deadline = Clock::now() + send_timeout_;
   for (size_t i = 0; i < count; ++i) {
     h.frag_index = static_cast<uint32_t>(i);
     h.offset = i * max_message_;
     size_t n = std::min(max_message_, data.size() - h.offset);
-    Status st = SendFrame(peer, addr, h, data.data() + h.offset, n, deadline, true);
+    Status st = SendFrame(peer, addr, h, data.data() + h.offset, n, deadline, true, true);
     if (!st.ok()) {
       // A half-sent message would block every later one at the receiver: the link is done.
       std::lock_guard<std::mutex> lock(mu_);
@@ -216,15 +220,21 @@ Status RdmEndpoint::Send(PeerId peer, std::vector<uint8_t> data) {
 }
 
 Status RdmEndpoint::SendFrame(PeerId peer, fi_addr_t addr, const wire::Header& h, const uint8_t* payload, size_t len,
-                              Clock::time_point deadline, bool may_inject) {
+                              Clock::time_point deadline, bool may_inject, bool may_defer) {
   size_t total = wire::kHeaderSize + len;
+  // A peer with frames waiting for the provider would refuse this one too: it joins them.
+  const bool join = may_defer && Backlogged(peer);
+  const auto try_until = may_defer ? std::min(deadline, Clock::now() + kDeferAfter) : deadline;
   // Small frames go by fi_inject: no buffer to keep, no completion to reap.
-  if (may_inject && total <= std::min(inject_size_, kInjectMax)) {
+  if (!join && may_inject && total <= std::min(inject_size_, kInjectMax)) {
     uint8_t frame[kInjectMax];
     wire::EncodeHeader(h, frame);
     if (len) std::memcpy(frame + wire::kHeaderSize, payload, len);
-    return PostWithRetry("fi_inject", deadline, [&] { return fi_inject(h_->ep, frame, total, addr); });
+    Status st = PostWithRetry("fi_inject", try_until, [&] { return fi_inject(h_->ep, frame, total, addr); });
+    if (!may_defer || st.code() != Code::kTimeout) return st;  // kTimeout: still -FI_EAGAIN
+    return Defer(peer, addr, h, payload, len, deadline);
   }
+  if (join) return Defer(peer, addr, h, payload, len, deadline);
   auto buf = TakeBuffer(deadline);
   if (!buf.ok()) return buf.status();
   auto* op = new SendOp();
@@ -236,15 +246,68 @@ Status RdmEndpoint::SendFrame(PeerId peer, fi_addr_t addr, const wire::Header& h
     std::lock_guard<std::mutex> lock(mu_);
     sends_in_flight_.insert(op);
   }
-  Status st = PostWithRetry("fi_send", deadline,
+  Status st = PostWithRetry("fi_send", try_until,
                             [&] { return fi_send(h_->ep, op->buf.data.get(), total, op->buf.desc, addr, &op->fi); });
   if (!st.ok()) {
-    std::lock_guard<std::mutex> lock(mu_);
-    sends_in_flight_.erase(op);
-    ReleaseBuffer(std::move(op->buf));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      sends_in_flight_.erase(op);
+      ReleaseBuffer(std::move(op->buf));
+    }
     delete op;
+    if (may_defer && st.code() == Code::kTimeout) return Defer(peer, addr, h, payload, len, deadline);
   }
   return st;
+}
+
+bool RdmEndpoint::Backlogged(PeerId peer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Conn* c = FindConn(peer);
+  return c != nullptr && c->deferred > 0;
+}
+
+Status RdmEndpoint::Defer(PeerId peer, fi_addr_t addr, const wire::Header& h, const uint8_t* payload, size_t len,
+                          Clock::time_point deadline) {
+  auto buf = NewBuffer(wire::kHeaderSize + len);
+  if (!buf.ok()) return buf.status();
+  auto op = std::make_unique<SendOp>();
+  op->peer = peer;
+  op->buf = std::move(*buf);
+  op->len = wire::kHeaderSize + len;
+  op->addr = addr;
+  wire::EncodeHeader(h, op->buf.data.get());
+  if (len) std::memcpy(op->buf.data.get() + wire::kHeaderSize, payload, len);
+  return Defer(std::move(op), deadline);
+}
+
+Status RdmEndpoint::Defer(std::unique_ptr<SendOp> op, Clock::time_point deadline) {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    Conn* c = nullptr;
+    // A peer that takes nothing keeps only its own senders waiting, once it holds this much.
+    const bool room = cv_.wait_until(lock, deadline, [&] {
+      c = FindConn(op->peer);
+      return c == nullptr || c->state != Conn::State::kUp || c->deferred == 0 ||
+             c->deferred + op->len <= kMaxDeferredPerPeer;
+    });
+    Status why;
+    if (c == nullptr) why = Status(Code::kLinkLost, "fabric: peer closed");
+    else if (c->state != Conn::State::kUp) why = c->failure.ok() ? Status(Code::kLinkLost, "fabric: peer not connected") : c->failure;
+    else if (!room) why = Status(Code::kTimeout, "fabric: the peer took nothing (-FI_EAGAIN) before the deadline");
+    if (!why.ok()) {
+      ReleaseBuffer(std::move(op->buf));
+      return why;
+    }
+    op->handed_off = true;
+    op->deadline = deadline;
+    c->deferred += op->len;
+    control_deferred_.push_back(std::move(op));
+    deferred_ = true;
+  }
+  // A progress thread that stopped polling meanwhile looks at its queue before it blocks
+  // (ProgressLoop); one already blocked is woken.
+  if (!progress_hot_.load()) Kick();
+  return Status::Ok();
 }
 
 Status RdmEndpoint::PostWithRetry(const char* what, Clock::time_point deadline, const std::function<ssize_t()>& post) {
@@ -289,6 +352,10 @@ Result<Buffer> RdmEndpoint::TakeBuffer(Clock::time_point deadline) {
 }
 
 void RdmEndpoint::ReleaseBuffer(Buffer b) {
+  if (!b.pooled) {
+    FreeBuffer(b);
+    return;
+  }
   free_buffers_.push_back(std::move(b));
   cv_.notify_all();
 }

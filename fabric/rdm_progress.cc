@@ -140,21 +140,31 @@ void RdmEndpoint::RetryDeferred() {
   // In order per peer; a peer the provider cannot take more for now (a connection still being
   // made, a full queue) holds back only its own later sends, not other peers'.
   std::unordered_set<PeerId> held;
+  bool left = false;  // a caller's frame left the queue: a sender held back by its peer's may go on
+  const auto now = Clock::now();
   for (auto it = control_deferred_.begin(); it != control_deferred_.end();) {
     SendOp* op = it->get();
     if (held.contains(op->peer)) {
       ++it;
       continue;
     }
-    // A handed-off message for a peer closed or lost meanwhile is dropped, as a Send then fails.
+    // A caller's frame for a peer closed or lost meanwhile is dropped, as a Send then fails.
     Conn* c = op->handed_off ? FindConn(op->peer) : nullptr;
     ssize_t r = op->handed_off && (c == nullptr || c->state != Conn::State::kUp)
                     ? -FI_ENOTCONN
                     : fi_send(h_->ep, op->buf.data.get(), op->len, op->buf.desc, op->addr, &op->fi);
-    if (r == -FI_EAGAIN) {
+    if (r == -FI_EAGAIN && op->handed_off && now >= op->deadline) {
+      // The peer took nothing for send_timeout (dead, or frozen): lost, with what waits for it.
+      PeerFailed(op->peer, Status(Code::kTimeout, "fi_send: no progress (-FI_EAGAIN) before the deadline"));
+      r = -FI_ENOTCONN;
+    } else if (r == -FI_EAGAIN) {
       held.insert(op->peer);
       ++it;
       continue;
+    }
+    if (c != nullptr) {
+      c->deferred -= op->len;
+      left = true;
     }
     if (r == 0) {
       sends_in_flight_.insert(it->release());
@@ -165,6 +175,7 @@ void RdmEndpoint::RetryDeferred() {
     }
     it = control_deferred_.erase(it);
   }
+  if (left) cv_.notify_all();
   std::vector<RmaOp*> stalled(rma_stalled_.begin(), rma_stalled_.end());
   for (RmaOp* op : stalled) Pump(*op);
   deferred_ = !recv_deferred_.empty() || !control_deferred_.empty() || !rma_stalled_.empty();

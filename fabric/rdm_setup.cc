@@ -211,9 +211,10 @@ Result<fid_mr*> RdmEndpoint::RegisterRaw(void* addr, size_t len, uint64_t access
   return mr;
 }
 
-Result<Buffer> RdmEndpoint::NewBuffer() {
+Result<Buffer> RdmEndpoint::NewBuffer(size_t bytes) {
   Buffer b;
-  size_t n = wire::kHeaderSize + max_message_;
+  size_t n = bytes ? bytes : wire::kHeaderSize + max_message_;
+  b.pooled = bytes == 0;
   b.data.reset(new uint8_t[n]);
   if (mr_local()) {
     auto mr = RegisterRaw(b.data.get(), n, FI_SEND | FI_RECV);

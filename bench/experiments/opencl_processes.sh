@@ -5,7 +5,7 @@
 # Rows, each in ROUNDS alternating rounds, ms/step (the program's own "time:" line):
 #   native-1proc   examples/opencl/advection --devices 4: four queues in ONE process and
 #                  context (the issue's baseline)
-#   native-4proc   bench/experiments/advection_procs.c: the same bands in four processes, a
+#   native-4proc   bench/advection_procs.c: the same bands in four processes, a
 #                  context each, halos through host shared memory
 #   tandem-1srv    advection --devices 4 through ONE tandemd (one context, four queues)
 #   tandem-4srv    advection --devices 4 through four tandemd (four contexts; halo copies
@@ -22,11 +22,9 @@ source bench/experiments/lib.sh
 W=$BLD-work
 mkdir -p "$W"
 if [[ ${NO_BUILD:-0} != 1 ]]; then  # NO_BUILD=1: BUILD_DIR is built already
-  build_tree . "$BLD" "$W" procs "tandemd tandem tandem_opencl advection" -DTANDEM_CUDA_PROGRAMS=OFF || exit 1
+  build_tree . "$BLD" "$W" procs "tandemd tandem tandem_opencl advection advection_procs" \
+    -DTANDEM_CUDA_PROGRAMS=OFF || exit 1
 fi
-opencl_lib=$(sed -n 's/^OPENCL_LIBRARY:[A-Z]*=//p' "$BLD/CMakeCache.txt")  # the examples' own
-gcc -O2 -std=c11 -I examples/opencl -I .deps/include -o "$W/advection_procs" bench/experiments/advection_procs.c \
-  "$opencl_lib" -lm 2>"$W/gcc.log" || { cat "$W/gcc.log"; exit 1; }
 experiment_env "$W"
 declare -A addr
 for i in 0 1 2 3; do start_server_as "s$i" "$BLD/server/tandemd" opencl "$W/tandemd-$i.log"; done
@@ -40,7 +38,7 @@ run() {
   shift
   case $row in
     native-1proc) out=$(OCL_ICD_VENDORS=$vendors OCL_ICD_FILENAMES=$libs timeout 300 "$ADV" --devices 4 "$@" 2>&1) ;;
-    native-4proc) out=$(OCL_ICD_VENDORS=$vendors OCL_ICD_FILENAMES=$libs timeout 300 "$W/advection_procs" --procs 4 "$@" 2>&1) ;;
+    native-4proc) out=$(OCL_ICD_VENDORS=$vendors OCL_ICD_FILENAMES=$libs timeout 300 "$BLD/bench/advection_procs" --procs 4 "$@" 2>&1) ;;
     tandem-1srv) out=$(timeout 300 "$BLD/tools/tandem" run --servers "$one" -- "$ADV" --devices 4 "$@" 2>&1) ;;
     tandem-4srv) out=$(timeout 300 "$BLD/tools/tandem" run --servers "$four" -- "$ADV" --devices 4 "$@" 2>&1) ;;
     tandem-4srv-ka0) out=$(TANDEM_KEEPALIVE_MS=0 timeout 300 "$BLD/tools/tandem" run --servers "$four" -- "$ADV" \

@@ -514,7 +514,8 @@ void RuntimeImpl::FlushLoop() {
     const bool poll = now - Clock::time_point(Clock::duration(last_wake_request_.load())) < kPollFor;
     flusher_polling_.store(poll);
     Clock::duration wait = std::chrono::milliseconds(200);
-    for (SessionImpl* s : Sessions()) wait = std::min(wait, s->Tick(now));
+    // Each with the time it is looked at: one Tick may send, and so take a while.
+    for (SessionImpl* s : Sessions()) wait = std::min(wait, s->Tick(Clock::now()));
     if (poll) wait = std::min<Clock::duration>(wait, std::max<Clock::duration>(FlushDelay() / 2, std::chrono::microseconds(20)));
     l.lock();
     flush_cv_.wait_for(l, wait, [this] { return flush_kick_; });

@@ -519,6 +519,7 @@ Clock::duration SessionImpl::Keepalive(std::unique_lock<std::mutex>& lock, Clock
   const Clock::time_point quiet_since = std::max(last_send_, last_recv_);
   if (now - quiet_since < every) return every - (now - quiet_since);
   ping_outstanding_ = true;
+  probe_sent_ = now;
   warm_left_ = static_cast<int>(warm_devices_.size());
   const uint32_t paths = warm_paths_;
   const std::vector<uint64_t> devices = warm_devices_;
@@ -557,8 +558,10 @@ Clock::duration SessionImpl::Tick(Clock::time_point now) {
     return std::chrono::milliseconds(50);
   }
   // Liveness first, so a session kept busy by a posting thread still notices a server
-  // that stopped answering.
-  if (ping_outstanding_ && now - last_recv_ > FailoverTimeout()) {
+  // that stopped answering. Silence counts from when the probe was sent: a server nobody asked
+  // anything for a while (this thread held up by another server's send, say) has not failed to
+  // answer for that while.
+  if (ping_outstanding_ && now - std::max(last_recv_, probe_sent_) > FailoverTimeout()) {
     lock.unlock();
     OnLost(Status(Code::kServerLost, "no answer for " +
                                          std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -584,6 +587,7 @@ Clock::duration SessionImpl::Tick(Clock::time_point now) {
   if (!ping_outstanding_ &&
       (unacked || (now - last_recv_ > kPingInterval && (awaited || now - last_send_ > kPingInterval)))) {
     ping_outstanding_ = true;
+    probe_sent_ = now;
     lock.unlock();
     ir::PingReq ping{.nonce = static_cast<uint64_t>(now.time_since_epoch().count())};
     PostRaw(static_cast<uint16_t>(ir::Opcode::kPing), ir::Encode(ping), [this](const Status&, auto) {

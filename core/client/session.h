@@ -119,6 +119,7 @@ class SessionImpl final : public Session {
   std::atomic<bool> forward_output_{true};
   std::function<void(SessionImpl*)> lost_hook_;
   bool ping_outstanding_ = false;  // a Ping or the Warm of a keepalive round is out
+  Clock::time_point probe_sent_{};  // when that one was sent
   // Keepalive: which paths the program has used (ir::kWarm*), on which devices, and when it
   // last posted anything itself.
   uint32_t warm_paths_ = 0;

@@ -1,5 +1,5 @@
 /* The advection kernel (see advection.c for the scheme), shared by advection.c and
- * bench/experiments/advection_procs.c, which runs the same bands in separate processes. */
+ * bench/advection_procs.c, which runs the same bands in separate processes. */
 #ifndef TANDEM_EXAMPLES_ADVECTION_KERNEL_H
 #define TANDEM_EXAMPLES_ADVECTION_KERNEL_H
 

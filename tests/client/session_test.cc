@@ -94,5 +94,28 @@ TEST(SessionBatching, ThePostingThreadSendsABatchThatWaitedTheFlushDelay) {
   EXPECT_EQ(batches[1].size(), 1u);
 }
 
+// Liveness: a server is lost when it leaves a probe unanswered for the failover timeout. One
+// that nobody asked anything for longer than that (the flusher, which pings every server, was
+// held up by a send to a dead one) must get that long to answer the probe sent once the
+// flusher is back, not be judged by the time since its last answer. (On the GPU machine under
+// load the survivor of client_runtime.UserEventRecovery was declared lost so, its ping still
+// on the way.)
+TEST(SessionLiveness, SilenceCountsFromTheProbeNotFromTheLastAnswer) {
+  RecordingEndpoint ep;
+  SessionImpl s(&ep, 1, "recording", "", "opencl", [] {});
+  const auto back = Clock::now() + FailoverTimeout() + 1s;  // not looked at for longer than the timeout
+  s.Tick(back);
+  auto batches = ep.Batches();
+  ASSERT_EQ(batches.size(), 1u);
+  ASSERT_EQ(batches[0].size(), 1u);
+  EXPECT_EQ(batches[0][0].header.opcode, static_cast<uint16_t>(ir::Opcode::kPing));
+  s.Tick(back + 1ms);  // the ping's answer is not in yet: it was sent a millisecond ago
+  EXPECT_TRUE(s.health().ok()) << s.health().ToString();
+  s.Tick(back + FailoverTimeout() - 1ms);
+  EXPECT_TRUE(s.health().ok()) << s.health().ToString();
+  s.Tick(back + FailoverTimeout() + 1ms);  // unanswered for the whole timeout: lost
+  EXPECT_FALSE(s.health().ok());
+}
+
 }  // namespace
 }  // namespace tandem::client

@@ -2,7 +2,10 @@
 // shm. A provider this machine cannot open is skipped with the reason.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -330,6 +333,66 @@ TEST_P(FabricTest, ClosedPeerIsForgotten) {
   // written into a closed endpoint's unmapped region crashes inside libfabric (seen once on
   // the GPU machine under load); the client has no peer left to say goodbye to.
   server_.reset();
+}
+
+// A peer killed with SIGKILL (no goodbye) takes nothing more: tcp;ofi_rxm answers every send to
+// it -FI_EAGAIN while it tries to reconnect. A Send to it must return at once, traffic to a live
+// peer must go on meanwhile, and the dead one is reported lost after send_timeout. (A Send that
+// retried until the deadline kept the client's one flushing thread from every other server.)
+TEST_P(FabricTest, ADeadPeerHoldsUpNoSendToALiveOne) {
+  if (GetParam() != "tcp") GTEST_SKIP() << "a peer process killed mid-connection is a tcp case";
+  const std::string dead_address = "127.0.0.1:" + std::to_string(UnusedPort());
+  const pid_t pid = fork();
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    ::execl(TANDEM_FABRIC_PINGPONG, TANDEM_FABRIC_PINGPONG, "--listen", dead_address.c_str(),
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ASSERT_GT(pid, 0);
+  Options o;
+  o.send_timeout = Millis(3000);
+  auto client = OpenClient(o);
+  ASSERT_TRUE(client);
+  Result<PeerId> dead = Status(Code::kTimeout, "not tried");
+  for (int i = 0; i < 100 && !dead.ok(); ++i) {
+    dead = client->Connect(dead_address, Millis(2000));
+    if (!dead.ok()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(dead.ok()) << dead.status().ToString();
+  ASSERT_TRUE(client->Send(*dead, Bytes("echo me")).ok());
+  auto echo = client->Next(kWait);
+  ASSERT_TRUE(echo.ok() && echo->kind == EventKind::kMessage) << echo.status().ToString();
+  auto [to_server, to_client] = Join(*client, "hello");
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+
+  // Each round: one message to the dead peer (small and inlined; every tenth 3 MiB, fragmented:
+  // well under what a dead peer may hold before its senders wait), one to the live one, which
+  // must arrive at once.
+  const auto start = Clock::now();
+  Clock::duration slowest{};
+  bool lost = false;
+  for (int i = 0; !lost && Clock::now() - start < std::chrono::seconds(8); ++i) {
+    const auto t0 = Clock::now();
+    Status st = client->Send(*dead, i % 10 == 5 ? Pattern(3u << 20, i) : Bytes("are you there?"));
+    slowest = std::max(slowest, Clock::now() - t0);
+    if (!st.ok()) lost = true;  // refused once the peer is known lost
+    ASSERT_TRUE(client->Send(to_server, Bytes("round " + std::to_string(i))).ok());
+    for (;;) {
+      auto ev = client->Next(Millis(0));
+      if (!ev.ok()) break;
+      if (ev->kind == EventKind::kPeerLost && ev->peer == *dead) lost = true;
+    }
+    auto at_server = server_->Next(Millis(1000));
+    ASSERT_TRUE(at_server.ok()) << "round " << i << ": " << at_server.status().ToString();
+    ASSERT_EQ(Text(at_server->data), "round " + std::to_string(i));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(lost) << "the dead peer was never reported lost";
+  EXPECT_LT(Clock::now() - start, std::chrono::milliseconds(3000 + 2000)) << "reported lost late";
+  EXPECT_LT(slowest, std::chrono::milliseconds(500)) << "a Send to the dead peer waited for it";
+  client->Close(*dead);
 }
 
 TEST_P(FabricTest, InterruptWakesNext) {

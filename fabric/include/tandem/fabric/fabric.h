@@ -44,8 +44,10 @@ struct Options {
   // kernel's send path (45 against 11 us for a tcp loopback send after a 20 ms sleep, H100
   // VM), a busy-polling one is not. 0 (the default): every caller sends its own messages.
   int hand_off_idle_us = 0;
-  // How long Send() keeps trying a peer that takes nothing (a dead or frozen one) before it
-  // declares the peer lost.
+  // How long a peer may take nothing (a dead or frozen one) before it is declared lost. Send()
+  // does not wait for it: a frame the provider refuses is posted later by the progress thread,
+  // and the loss comes as a kPeerLost event (only a sender with several frames waiting for that
+  // peer waits, at most this long).
   Millis send_timeout{10000};
 };
 

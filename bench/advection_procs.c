@@ -4,8 +4,9 @@
  * examples/opencl/advection with --devices 4 puts four queues in ONE process and context (the
  * issue's "single-process native multi-queue version"); through Tandem the same program's
  * four devices are four tandemd processes, each with its own context on the GPU. This
- * program runs the same bands, kernel (advection_kernel.h) and step order in P processes
- * (fork before any OpenCL call), each with its own context on device b % ndev, and exchanges
+ * program (the benchmark's "4 processes" baseline) runs the same bands, kernel
+ * (advection_kernel.h) and step order in P processes (fork before any OpenCL call), each
+ * with its own context on device b % ndev, and exchanges
  * the halo rows through the host as an MPI+OpenCL code does without GPU-aware MPI: after its
  * kernel, process b reads its first and last HALO rows (blocking) into shared memory, all
  * meet at a spinning barrier, and each writes its neighbours' rows into its halo rows before
@@ -13,8 +14,7 @@
  * suffices. It prints the same checksum line as advection (bit-identical field: the same
  * float operations) and "time: X s for S steps (Y ms/step)" between the start barrier and the
  * barrier after every process's clFinish.
- *   gcc -O2 -std=c11 -I examples/opencl -o /tmp/advection_procs \
- *       bench/experiments/advection_procs.c -lOpenCL -lm
+ * Built as BUILD/bench/advection_procs; bench/run_bench.sh runs it beside the 4-device rows.
  *   advection_procs [--n N] [--steps S] [--procs P] */
 #define _DEFAULT_SOURCE /* clock_gettime, MAP_ANONYMOUS */
 #include <sched.h>
