@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The server-to-server staging of the OpenCL backend, A/B in one build: four OpenCL tandemd
+# per configuration (16 in all, on this machine's OpenCL), the 4-device advection through each
+# set in alternating rounds, ms/step. Configurations (tandemd's environment):
+#   plain    a new device buffer per destination half, plain host memory
+#   pool     TANDEM_EXP_PEER_POOL=1: device buffers kept between transfers (StagingPool)
+#   pinned   TANDEM_EXP_PEER_PINNED=1: both halves staged in mapped host memory
+#   both     both switches
+# From the repository root:  bash bench/experiments/opencl_staging_ab.sh [ROUNDS] [BUILD_DIR]
+# SIZES as in opencl_processes.sh. Also prints the native 1-process and 4-process rows once
+# per size for scale.
+set -u
+ROUNDS=${1:-2}
+BLD=${2:-/tmp/tandem-staging}
+source bench/experiments/lib.sh
+W=$BLD-work
+mkdir -p "$W"
+if [[ ${NO_BUILD:-0} != 1 ]]; then
+  build_tree . "$BLD" "$W" staging "tandemd tandem tandem_opencl advection advection_procs" \
+    -DTANDEM_CUDA_PROGRAMS=OFF || exit 1
+fi
+experiment_env "$W"
+declare -A addr
+CONFIGS=(plain pool pinned both)
+for i in 0 1 2 3; do
+  start_server_as "plain$i" "$BLD/server/tandemd" opencl "$W/td-plain-$i.log"
+  TANDEM_EXP_PEER_POOL=1 start_server_as "pool$i" "$BLD/server/tandemd" opencl "$W/td-pool-$i.log"
+  TANDEM_EXP_PEER_PINNED=1 start_server_as "pinned$i" "$BLD/server/tandemd" opencl "$W/td-pinned-$i.log"
+  TANDEM_EXP_PEER_POOL=1 TANDEM_EXP_PEER_PINNED=1 start_server_as "both$i" "$BLD/server/tandemd" opencl \
+    "$W/td-both-$i.log"
+done
+sleep 2
+ADV=$BLD/examples/opencl/advection
+ms() { sed -n 's/^time: .*(\([0-9.]*\) ms\/step).*/\1/p'; }
+SIZES=${SIZES:-"--n 1024 --steps 200;--n 8192 --steps 100;--n 16384 --steps 50"}
+IFS=';' read -r -a sizes <<<"$SIZES"
+for size in "${sizes[@]}"; do
+  # shellcheck disable=SC2086 # size is a list of arguments
+  echo "== advection $size, ms/step; native 1 process $(OCL_ICD_VENDORS=$vendors OCL_ICD_FILENAMES=$libs \
+    timeout 300 "$ADV" --devices 4 $size --no-check | ms), 4 processes $(OCL_ICD_VENDORS=$vendors \
+    OCL_ICD_FILENAMES=$libs timeout 300 "$BLD/bench/advection_procs" --procs 4 $size | ms)"
+  declare -A res=()
+  for ((r = 1; r <= ROUNDS; ++r)); do
+    for c in "${CONFIGS[@]}"; do
+      list=${addr[${c}0]},${addr[${c}1]},${addr[${c}2]},${addr[${c}3]}
+      # shellcheck disable=SC2086
+      out=$(timeout 300 "$BLD/tools/tandem" run --servers "$list" -- "$ADV" --devices 4 $size --no-check 2>&1)
+      t=$(ms <<<"$out")
+      [[ -n $t ]] || t="FAILED($(tail -2 <<<"$out" | tr '\n' ' '))"
+      sum=$(grep '^advection: checksum' <<<"$out" | md5sum | cut -c1-6)
+      res[$c]+="$t ($sum) "
+    done
+  done
+  for c in "${CONFIGS[@]}"; do printf '  %-7s %s\n' "$c" "${res[$c]}"; done
+done
+grep -h "Warn\|rror" "$W"/td-*.log | sort | uniq -c | head -5
