@@ -15,7 +15,10 @@
  * float operations) and "time: X s for S steps (Y ms/step)" between the start barrier and the
  * barrier after every process's clFinish.
  * Built as BUILD/bench/advection_procs; bench/run_bench.sh runs it beside the 4-device rows.
- *   advection_procs [--n N] [--steps S] [--procs P] */
+ * --queues 3 spreads each process's commands over three in-order queues as a tandemd does
+ * (kernels on one, the edge reads on a second after the kernel's event, the halo writes on a
+ * third, the next kernel after their events), to see what extra queues cost on a shared GPU.
+ *   advection_procs [--n N] [--steps S] [--procs P] [--queues 1|3] */
 #define _DEFAULT_SOURCE /* clock_gettime, MAP_ANONYMOUS */
 #include <sched.h>
 #include <stdatomic.h>
@@ -59,6 +62,8 @@ static float* edge(float* edges, int n, int b, int parity, int bottom) {
   return edges + ((((size_t)b * 2 + parity) * 2 + bottom) * HALO) * n;
 }
 
+static int g_queues = 1;
+
 static int run_band(int b, int P, int n, int steps, const float* init, float* result, float* edges,
                     shared_ctl* ctl) {
   const double w = 1.0 / n;
@@ -69,8 +74,15 @@ static int run_band(int b, int P, int n, int steps, const float* init, float* re
   cl_device_id dev = devs[b % ndev];
   cl_int err;
   cl_program prog = example_build_for(&env, 1, &dev, kSrc, "-cl-std=CL1.2");
-  cl_command_queue q = clCreateCommandQueue(env.context, dev, 0, &err);
+  cl_command_queue q = clCreateCommandQueue(env.context, dev, 0, &err), qr = q, qw = q;
   CHECK_ERR(err, "clCreateCommandQueue");
+  if (g_queues == 3) {
+    qr = clCreateCommandQueue(env.context, dev, 0, &err);
+    CHECK_ERR(err, "clCreateCommandQueue");
+    qw = clCreateCommandQueue(env.context, dev, 0, &err);
+    CHECK_ERR(err, "clCreateCommandQueue");
+  }
+  cl_event kev = NULL, wev[2] = {NULL, NULL};
   cl_kernel k = example_kernel(prog, "advect");
   int r0 = (int)((long)n * b / P), rows = (int)((long)n * (b + 1) / P) - r0;
   int up = (b + P - 1) % P, down = (b + 1) % P;
@@ -99,21 +111,34 @@ static int run_band(int b, int P, int n, int steps, const float* init, float* re
     CHECK(clSetKernelArg(k, 5, sizeof ca, &ca));
     CHECK(clSetKernelArg(k, 6, sizeof sa, &sa));
     size_t global[2] = {((size_t)n + 15) / 16 * 16, ((size_t)rows + 3) / 4 * 4}, local[2] = {16, 4};
-    CHECK(clEnqueueNDRangeKernel(q, k, 2, NULL, global, local, 0, NULL, NULL));
+    const int split = qw != q && wev[0];
+    CHECK(clEnqueueNDRangeKernel(q, k, 2, NULL, global, local, split ? 2 : 0, split ? wev : NULL, &kev));
+    if (split) {
+      CHECK(clReleaseEvent(wev[0]));
+      CHECK(clReleaseEvent(wev[1]));
+      wev[0] = wev[1] = NULL;
+    }
+    CHECK(clFlush(q));
     /* This band's first and last HALO rows, for the neighbours. */
-    CHECK(clEnqueueReadBuffer(q, buf[out], CL_FALSE, HALO * row_bytes, HALO * row_bytes, edge(edges, n, b, par, 0),
-                              0, NULL, NULL));
-    CHECK(clEnqueueReadBuffer(q, buf[out], CL_TRUE, (size_t)rows * row_bytes, HALO * row_bytes,
-                              edge(edges, n, b, par, 1), 0, NULL, NULL));
+    CHECK(clEnqueueReadBuffer(qr, buf[out], CL_FALSE, HALO * row_bytes, HALO * row_bytes, edge(edges, n, b, par, 0),
+                              1, &kev, NULL));
+    CHECK(clEnqueueReadBuffer(qr, buf[out], CL_TRUE, (size_t)rows * row_bytes, HALO * row_bytes,
+                              edge(edges, n, b, par, 1), 1, &kev, NULL));
+    CHECK(clReleaseEvent(kev));
     barrier(ctl, P);
     /* The halo rows: above, the last rows of band up; below, the first rows of band down. */
-    CHECK(clEnqueueWriteBuffer(q, buf[out], CL_FALSE, 0, HALO * row_bytes, edge(edges, n, up, par, 1), 0, NULL,
-                               NULL));
-    CHECK(clEnqueueWriteBuffer(q, buf[out], CL_FALSE, (size_t)(HALO + rows) * row_bytes, HALO * row_bytes,
-                               edge(edges, n, down, par, 0), 0, NULL, NULL));
-    CHECK(clFlush(q));
+    CHECK(clEnqueueWriteBuffer(qw, buf[out], CL_FALSE, 0, HALO * row_bytes, edge(edges, n, up, par, 1), 0, NULL,
+                               qw != q ? &wev[0] : NULL));
+    CHECK(clEnqueueWriteBuffer(qw, buf[out], CL_FALSE, (size_t)(HALO + rows) * row_bytes, HALO * row_bytes,
+                               edge(edges, n, down, par, 0), 0, NULL, qw != q ? &wev[1] : NULL));
+    CHECK(clFlush(qw));
   }
+  CHECK(clFinish(qw));
   CHECK(clFinish(q));
+  if (wev[0]) {
+    CHECK(clReleaseEvent(wev[0]));
+    CHECK(clReleaseEvent(wev[1]));
+  }
   barrier(ctl, P);
   if (b == 0) ctl->elapsed = now_s() - t0;
   CHECK(clEnqueueReadBuffer(q, buf[steps & 1], CL_TRUE, HALO * row_bytes, (size_t)rows * row_bytes,
@@ -121,6 +146,8 @@ static int run_band(int b, int P, int n, int steps, const float* init, float* re
   CHECK(clReleaseMemObject(buf[0]));
   CHECK(clReleaseMemObject(buf[1]));
   CHECK(clReleaseKernel(k));
+  if (qr != q) CHECK(clReleaseCommandQueue(qr));
+  if (qw != q) CHECK(clReleaseCommandQueue(qw));
   CHECK(clReleaseCommandQueue(q));
   CHECK(clReleaseProgram(prog));
   CHECK(clReleaseContext(env.context));
@@ -143,14 +170,15 @@ int main(int argc, char** argv) {
     if (!strcmp(argv[i], "--n") && i + 1 < argc) n = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--procs") && i + 1 < argc) P = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--queues") && i + 1 < argc) g_queues = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--no-check")) continue; /* advection's; only mass is checked here */
     else {
-      fprintf(stderr, "usage: %s [--n N] [--steps S] [--procs P]\n", argv[0]);
+      fprintf(stderr, "usage: %s [--n N] [--steps S] [--procs P] [--queues 1|3]\n", argv[0]);
       return 2;
     }
   }
-  if (n < 8 || steps < 0 || P < 1 || n / P < HALO) {
-    fprintf(stderr, "advection_procs: need n >= 8, steps >= 0, 1 <= procs <= n/%d\n", HALO);
+  if (n < 8 || steps < 0 || P < 1 || n / P < HALO || (g_queues != 1 && g_queues != 3)) {
+    fprintf(stderr, "advection_procs: need n >= 8, steps >= 0, 1 <= procs <= n/%d, queues 1 or 3\n", HALO);
     return 2;
   }
   size_t cells = (size_t)n * n;
