@@ -233,113 +233,6 @@ Result<std::shared_ptr<HostBuffer>> MappedHostMemory(cl_context context, cl_devi
                                                                         static_cast<uint8_t*>(p), n, std::string(what)));
 }
 
-// Experiment switches (bench/experiments/opencl_staging_ab.sh), read once: keep the
-// destination half's device buffers (TANDEM_EXP_PEER_POOL=1) and stage both halves in mapped
-// host memory (TANDEM_EXP_PEER_PINNED=1), both from the device's StagingPool.
-namespace {
-bool EnvOn(const char* name) {
-  const char* v = std::getenv(name);
-  return v && std::string_view(v) == "1";
-}
-bool PoolDeviceStaging() {
-  static const bool on = EnvOn("TANDEM_EXP_PEER_POOL");
-  return on;
-}
-bool PinnedPeerStaging() {
-  static const bool on = EnvOn("TANDEM_EXP_PEER_PINNED");
-  return on;
-}
-
-// Mapped memory from a StagingPool, back to it when the last reference goes.
-class PooledHostBuffer final : public HostBuffer {
- public:
-  PooledHostBuffer(std::shared_ptr<HostBuffer> inner, std::function<void(std::shared_ptr<HostBuffer>)> keep)
-      : inner_(std::move(inner)), keep_(std::move(keep)) {}
-  ~PooledHostBuffer() override { keep_(std::move(inner_)); }
-  uint8_t* data() override { return inner_->data(); }
-  size_t size() const override { return inner_->size(); }
-
- private:
-  std::shared_ptr<HostBuffer> inner_;
-  std::function<void(std::shared_ptr<HostBuffer>)> keep_;
-};
-}  // namespace
-
-Result<std::shared_ptr<MemRef>> StagingPool::DeviceBuffer(size_t n) {
-  MemRef mem;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (auto it = device_free_.find(n); it != device_free_.end()) {
-      mem = std::move(it->second);
-      device_free_.erase(it);
-      device_bytes_ -= n;
-    }
-  }
-  if (!mem) {
-    cl_int err = CL_SUCCESS;
-    mem.reset(clCreateBuffer(context_, CL_MEM_READ_WRITE, n, nullptr, &err));
-    if (err != CL_SUCCESS) return ClError(err, "clCreateBuffer", "server-to-server staging");
-  }
-  return std::shared_ptr<MemRef>(new MemRef(std::move(mem)), [self = shared_from_this(), n](MemRef* m) {
-    self->Keep(n, std::move(*m));
-    delete m;
-  });
-}
-
-Result<std::shared_ptr<HostBuffer>> StagingPool::HostMemory(size_t n) {
-  std::shared_ptr<HostBuffer> host;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (auto it = host_free_.find(n); it != host_free_.end()) {
-      host = std::move(it->second);
-      host_free_.erase(it);
-      host_bytes_ -= n;
-    }
-  }
-  if (!host) {
-    auto made = MappedHostMemory(context_, device_, n, "server-to-server host staging");
-    if (!made.ok()) return made.status();
-    host = std::move(made).value();
-  }
-  return std::shared_ptr<HostBuffer>(std::make_shared<PooledHostBuffer>(
-      std::move(host), [self = shared_from_this(), n](std::shared_ptr<HostBuffer> h) { self->Keep(n, std::move(h)); }));
-}
-
-void StagingPool::Keep(size_t n, MemRef mem) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (device_bytes_ + n > kCapBytes) return;  // released here
-  device_bytes_ += n;
-  device_free_.emplace(n, std::move(mem));
-}
-
-void StagingPool::Keep(size_t n, std::shared_ptr<HostBuffer> host) {
-  std::unique_lock<std::mutex> lock(mu_);
-  if (host_bytes_ + n > kCapBytes) {
-    lock.unlock();  // unmapped outside the lock
-    host.reset();
-    return;
-  }
-  host_bytes_ += n;
-  host_free_.emplace(n, std::move(host));
-}
-
-std::shared_ptr<StagingPool> OpenCLBackend::Staging(uint32_t device) {
-  Device& d = devices_[device];
-  if (!d.staging) d.staging = std::make_shared<StagingPool>(d.context.get(), d.id);
-  return d.staging;
-}
-
-// Host memory of a server-to-server half: mapped from the pool when TANDEM_EXP_PEER_PINNED is
-// on and that works, plain otherwise.
-std::shared_ptr<HostBuffer> OpenCLBackend::PeerHostStaging(uint32_t device, size_t n) {
-  if (PinnedPeerStaging()) {
-    auto host = Staging(device)->HostMemory(n);
-    if (host.ok()) return std::move(host).value();
-    log::Warn("{}; staging in plain memory", host.status().ToString());
-  }
-  return std::make_shared<PlainHostBuffer>(n);
-}
-
 // The bulk channel's staging: mapped memory of device 0.
 Result<std::shared_ptr<HostBuffer>> OpenCLBackend::BulkStaging(size_t n) {
   if (devices_.empty()) return Status(Code::kUnimplemented, "no device");
@@ -369,16 +262,10 @@ Result<OpenCLBackend::Staged> OpenCLBackend::Stage(uint64_t stream, uint64_t buf
   auto tq = TransferQueue(st.buffer->device);
   if (!tq.ok()) return tq.status();
   TANDEM_RETURN_IF_ERROR(Prepare(stream, st.buffer->device, wait, signal, &st.e));
+  cl_int err = CL_SUCCESS;
   st.context = devices_[st.buffer->device].context.get();
-  if (PoolDeviceStaging()) {
-    auto tmp = Staging(st.buffer->device)->DeviceBuffer(size);
-    if (!tmp.ok()) return tmp.status();
-    st.tmp = std::move(tmp).value();
-  } else {
-    cl_int err = CL_SUCCESS;
-    st.tmp = std::make_shared<MemRef>(clCreateBuffer(st.context, CL_MEM_READ_WRITE, size, nullptr, &err));
-    if (err != CL_SUCCESS) return ClError(err, "clCreateBuffer", "server-to-server staging");
-  }
+  st.tmp = std::make_shared<MemRef>(clCreateBuffer(st.context, CL_MEM_READ_WRITE, size, nullptr, &err));
+  if (err != CL_SUCCESS) return ClError(err, "clCreateBuffer", "server-to-server staging");
   clRetainCommandQueue(tq.value());
   st.transfer = std::make_shared<QueueRef>(tq.value());
   return st;
@@ -397,7 +284,7 @@ Status OpenCLBackend::ReadToHost(uint64_t stream, uint64_t buffer, uint64_t offs
   TANDEM_RETURN_IF_ERROR(CheckRange(*b.value(), buffer, offset, size));
   Enqueue e;
   TANDEM_RETURN_IF_ERROR(Prepare(stream, b.value()->device, wait, signal, &e));
-  std::shared_ptr<HostBuffer> host = PeerHostStaging(b.value()->device, size);
+  auto host = std::make_shared<PlainHostBuffer>(size);
   cl_int err = clEnqueueReadBuffer(e.queue, b.value()->mem.get(), CL_FALSE, offset, size, host->data(), e.num_wait(),
                                    e.wait_list(), e.event_out(true));
   if (err != CL_SUCCESS) return ClError(err, "clEnqueueReadBuffer", "server-to-server source");
@@ -412,7 +299,7 @@ Status OpenCLBackend::ReadToHost(uint64_t stream, uint64_t buffer, uint64_t offs
                                  fmt::format("the read of a server-to-server transfer's source ended with execution "
                                              "status {} (it, or an event it waited for, failed)",
                                              status)));
-    done(host);
+    done(std::shared_ptr<HostBuffer>(host));
   });
   return Status::Ok();
 }
@@ -430,21 +317,15 @@ Result<PendingWrite> OpenCLBackend::WriteFromHost(uint64_t stream, uint64_t buff
   auto gate = std::make_shared<EventRef>(clCreateUserEvent(st->context, &err));
   if (err != CL_SUCCESS) return ClError(err, "clCreateUserEvent", "server-to-server gate");
   e.wait.push_back(gate->get());
-  // A pooled device buffer goes back once the copy out of it is done, not with the release.
-  const bool pooled = PoolDeviceStaging();
   err = clEnqueueCopyBuffer(e.queue, st->tmp->get(), st->buffer->mem.get(), 0, offset, size, e.num_wait(),
-                            e.wait_list(), e.event_out(pooled));
+                            e.wait_list(), e.signal ? e.event_out() : nullptr);
   if (err != CL_SUCCESS) {
     clSetUserEventStatus(gate->get(), CL_INVALID_OPERATION);
     return ClError(err, "clEnqueueCopyBuffer", "from server-to-server staging");
   }
-  if (pooled) {
-    clRetainEvent(e.done);
-    EventWatcher::Get().Watch(e.done, [tmp = st->tmp](cl_int) {});
-  }
   Complete(e);
   clFlush(e.queue);
-  std::shared_ptr<HostBuffer> host = PeerHostStaging(st->buffer->device, size);
+  auto host = std::make_shared<PlainHostBuffer>(size);
   PendingWrite pending;
   pending.staging = host;
   // Runs where the bytes arrived (the worker's receive thread): the blocking write goes to the

@@ -97,30 +97,6 @@ class ReadSlots : public std::enable_shared_from_this<ReadSlots> {
   std::vector<uint32_t> free_;
 };
 
-// Device buffers and mapped host memory of finished server-to-server transfers, kept for
-// the next transfer of the same size (a halo exchange repeats the same few sizes every
-// step), up to kCapBytes of each kind. Thread-safe; what it hands out comes back when the
-// last reference goes. See opencl_async.cc.
-class StagingPool : public std::enable_shared_from_this<StagingPool> {
- public:
-  static constexpr size_t kCapBytes = 64u << 20;
-  StagingPool(cl_context context, cl_device_id device) : context_(context), device_(device) {}
-  // A device buffer of exactly n bytes.
-  Result<std::shared_ptr<MemRef>> DeviceBuffer(size_t n);
-  // n bytes of mapped CL_MEM_ALLOC_HOST_PTR memory.
-  Result<std::shared_ptr<HostBuffer>> HostMemory(size_t n);
-
- private:
-  void Keep(size_t n, MemRef mem);
-  void Keep(size_t n, std::shared_ptr<HostBuffer> host);
-  cl_context context_;
-  cl_device_id device_;
-  std::mutex mu_;
-  std::multimap<size_t, MemRef> device_free_;
-  std::multimap<size_t, std::shared_ptr<HostBuffer>> host_free_;
-  size_t device_bytes_ = 0, host_bytes_ = 0;
-};
-
 struct Device {
   cl_platform_id platform = nullptr;
   cl_device_id id = nullptr;
@@ -138,8 +114,6 @@ struct Device {
   // Inline reads (ReadSlots above): made on the first small read; null after a failure.
   std::shared_ptr<ReadSlots> read_slots;
   bool read_slots_failed = false;
-  // Server-to-server staging kept between transfers: made on the first one.
-  std::shared_ptr<StagingPool> staging;
 };
 struct Buffer {
   MemRef mem;
@@ -324,9 +298,6 @@ class OpenCLBackend : public Backend {
   };
   Result<Staged> Stage(uint64_t stream, uint64_t buffer, uint64_t offset, uint64_t size, const ir::u64s& wait,
                        uint64_t signal);
-  // The device's StagingPool (made on first use; the executor's thread only).
-  std::shared_ptr<StagingPool> Staging(uint32_t device);
-  std::shared_ptr<HostBuffer> PeerHostStaging(uint32_t device, size_t n);
 
   // Resolves stream (0: the device's default queue), wait list and signal for `device`.
   Status Prepare(uint64_t stream, uint32_t device, const ir::u64s& wait, uint64_t signal, Enqueue* e);
