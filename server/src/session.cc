@@ -474,9 +474,11 @@ Status Session::Call(const ir::PeerSendReq& req, ir::PeerSendRep*) {
     // while this thread goes on with the next command.
     PeerLink* peers = peers_;
     const uint64_t transfer = req.transfer, size = req.size;
+    log::Trace("s2s send {:#x}: {} bytes from buffer {:#x} at {}", transfer, size, req.buffer, req.offset);
     auto read = [peers, transfer, size, in_flight = async_bytes_, profile = profile_,
                  since = std::chrono::steady_clock::now()](Result<std::shared_ptr<HostBuffer>> bytes) {
       if (profile) profile->Add("~PeerSend bytes read", std::chrono::steady_clock::now() - since);
+      log::Trace("s2s send {:#x}: read done", transfer);
       if (!bytes.ok()) {
         in_flight->fetch_sub(size);
         peers->Offer(transfer, size, std::move(bytes));
@@ -509,11 +511,14 @@ Status Session::Call(const ir::PeerRecvReq& req, ir::PeerRecvRep*) {
   if (req.size == 0) return Status::Invalid("PeerRecv: empty transfer");
   if (req.size <= async_peer_bytes_ && TakeAsyncBytes(req.size)) {
     // The write is enqueued now and held until the bytes are here; this thread goes on.
+    log::Trace("s2s recv {:#x}: {} bytes into buffer {:#x} at {}", req.transfer, req.size, req.buffer, req.offset);
     auto pending = backend_->WriteFromHost(req.stream, req.buffer, req.offset, req.size, req.wait, req.signal);
     if (pending.ok()) {
       auto release = pending->release;
-      auto arrived = [this, release, signal = req.signal, since = std::chrono::steady_clock::now()](const Status& got) {
+      auto arrived = [this, release, signal = req.signal, transfer = req.transfer,
+                      since = std::chrono::steady_clock::now()](const Status& got) {
         if (profile_) profile_->Add("~PeerRecv bytes came", std::chrono::steady_clock::now() - since);
+        log::Trace("s2s recv {:#x}: bytes came", transfer);
         if (!got.ok()) NoteAsyncFailure(ir::Opcode::kPeerRecv, signal, got);  // before the write is let go
         release(got);
       };
@@ -548,6 +553,7 @@ Status Session::Call(const ir::EventExportReq& req, ir::EventExportRep*) {
   Status st = backend_->NotifyWhenDone(
       req.event, [peers, token, profile = profile_, since = std::chrono::steady_clock::now()](int32_t status) {
         if (profile) profile->Add("~EventExport done", std::chrono::steady_clock::now() - since);
+        log::Trace("event export {:#x}: done", token);
         peers->ExportDone(token, status);
       });
   // The importer must not wait for ever on an event this side cannot watch.
@@ -568,8 +574,10 @@ Status Session::Call(const ir::EventImportReq& req, ir::EventImportRep*) {
     imports_pending_[req.event] = false;
   }
   const uint64_t event = req.event;
-  Status st = peers_->Import(req.peer, req.token, [this, event, since = std::chrono::steady_clock::now()](int32_t status) {
+  Status st = peers_->Import(req.peer, req.token, [this, event, token = req.token,
+                                                   since = std::chrono::steady_clock::now()](int32_t status) {
     if (profile_) profile_->Add("~EventImport answered", std::chrono::steady_clock::now() - since);
+    log::Trace("event import {:#x}: answered", token);
     CompleteImport(event, status);
   });
   if (!st.ok()) CompleteImport(event, FailedEventStatus(st));  // what waits on it fails instead of hanging

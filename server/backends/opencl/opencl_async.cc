@@ -339,9 +339,11 @@ Result<PendingWrite> OpenCLBackend::WriteFromHost(uint64_t stream, uint64_t buff
   pending.release = [tmp = st->tmp, gate, queue = st->transfer, host, size, fail](const Status& got) {
     if (!got.ok()) return fail(FailedStatus(got));
     EventWatcher::Get().Post([tmp, gate, queue, host, size, fail] {
+      log::Trace("s2s write of {} bytes through {}: starts", size, static_cast<void*>(tmp->get()));
       cl_int err = clEnqueueWriteBuffer(queue->get(), tmp->get(), CL_TRUE, 0, size, host->data(), 0, nullptr, nullptr);
       if (err != CL_SUCCESS) return fail(err);
       clSetUserEventStatus(gate->get(), CL_COMPLETE);
+      log::Trace("s2s write of {} bytes through {}: gate set", size, static_cast<void*>(tmp->get()));
     });
   };
   return pending;
