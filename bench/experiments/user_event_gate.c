@@ -11,6 +11,10 @@
 //   marker      a marker waiting on the user event, then the copy (in-order queue), same timing
 //   set only    clSetUserEventStatus's own time in "gated"
 //   cross-queue the copy waiting on a copy of a second queue: enqueue both, wait on the first
+//   held dep    a read on a second queue waiting on a copy that a user event holds (the
+//               copy enqueued, flushed, 200 us, then the event set): set to the read's end;
+//               "held dep, copy" the same to the copy's own end. A tandemd's source half
+//               waits so on a kernel that its queue's server-to-server gates hold.
 //   callback    the copy with a CL_COMPLETE callback: enqueue to the callback's run (spinning)
 //   read pageable / read pinned / write pageable   12 KB to/from malloc'd or mapped
 //               CL_MEM_ALLOC_HOST_PTR memory: non-blocking reads then clWaitForEvents, a
@@ -128,6 +132,31 @@ int main(void) {
     CK(clReleaseEvent(e2));
   }
   report("cross-queue", t);
+  {
+    static double tc[R];
+    char* host = malloc(n);
+    for (int r = 0; r < R; ++r) {
+      cl_event u = clCreateUserEvent(c, &e), ec, er;
+      CK(e);
+      CK(clEnqueueCopyBuffer(q, x, a, 0, 0, n, 1, &u, &ec));
+      CK(clFlush(q));
+      CK(clEnqueueReadBuffer(q2, a, CL_FALSE, 0, n, host, 1, &ec, &er));
+      CK(clFlush(q2));
+      spin_us(200);
+      double t0 = now();
+      CK(clSetUserEventStatus(u, CL_COMPLETE));
+      CK(clWaitForEvents(1, &ec));
+      tc[r] = now() - t0;
+      CK(clWaitForEvents(1, &er));
+      t[r] = now() - t0;
+      CK(clReleaseEvent(ec));
+      CK(clReleaseEvent(er));
+      CK(clReleaseEvent(u));
+    }
+    report("held dep", t);
+    report("held dep, copy", tc);
+    free(host);
+  }
   for (int r = 0; r < R; ++r) {
     cl_event ev;
     atomic_store(&fired, 0);
