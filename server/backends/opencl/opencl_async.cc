@@ -271,45 +271,6 @@ Result<OpenCLBackend::Staged> OpenCLBackend::Stage(uint64_t stream, uint64_t buf
   return st;
 }
 
-namespace {
-// Experiment switch (bench/experiments/opencl_source_gate_ab.sh): TANDEM_EXP_SOURCE_GATE=1.
-bool HostGatedSourceReads() {
-  static const bool on = [] {
-    const char* v = std::getenv("TANDEM_EXP_SOURCE_GATE");
-    return v && std::string_view(v) == "1";
-  }();
-  return on;
-}
-}  // namespace
-
-// A user event set (or failed) from the event watcher once every event of `events` is done.
-// A source half's read waits on the program's kernel in another queue, and that kernel, behind
-// the server-to-server gates of its own queue, is held by the implementation when the read is
-// enqueued; NVIDIA's OpenCL then starts the read about a millisecond after the kernel ends
-// (bench/experiments/trace_4srv.py, H100), while a user event it starts in microseconds.
-Result<std::shared_ptr<EventRef>> OpenCLBackend::GateOn(const std::vector<cl_event>& events, cl_context context) {
-  cl_int err = CL_SUCCESS;
-  auto gate = std::make_shared<EventRef>(clCreateUserEvent(context, &err));
-  if (err != CL_SUCCESS) return ClError(err, "clCreateUserEvent", "server-to-server source gate");
-  struct Join {
-    std::atomic<int> left;
-    std::atomic<bool> set{false};
-  };
-  auto join = std::make_shared<Join>();
-  join->left.store(static_cast<int>(events.size()));
-  for (cl_event ev : events) {
-    clRetainEvent(ev);
-    EventWatcher::Get().Watch(ev, [gate, join, mu = events_mu_owner_](cl_int status) {
-      if (status < 0 || join->left.fetch_sub(1) == 1) {
-        if (join->set.exchange(true)) return;
-        std::lock_guard<std::mutex> lock(*mu);  // as OnUserEventSet fails events (see Prepare)
-        clSetUserEventStatus(gate->get(), status < 0 ? status : CL_COMPLETE);
-      }
-    });
-  }
-  return gate;
-}
-
 // In stream order, a non-blocking read of the range into host memory of the transfer's own,
 // handed over once its event is done. (Only the completed read's bytes are looked at; a
 // device copy into a private buffer and a blocking read of that from the watcher's thread, as
@@ -323,11 +284,6 @@ Status OpenCLBackend::ReadToHost(uint64_t stream, uint64_t buffer, uint64_t offs
   TANDEM_RETURN_IF_ERROR(CheckRange(*b.value(), buffer, offset, size));
   Enqueue e;
   TANDEM_RETURN_IF_ERROR(Prepare(stream, b.value()->device, wait, signal, &e));
-  if (!e.wait.empty() && HostGatedSourceReads()) {
-    auto gate = GateOn(e.wait, devices_[b.value()->device].context.get());
-    if (!gate.ok()) return gate.status();
-    e.wait.assign(1, gate.value()->get());  // the watches hold the gate until they set it
-  }
   auto host = std::make_shared<PlainHostBuffer>(size);
   cl_int err = clEnqueueReadBuffer(e.queue, b.value()->mem.get(), CL_FALSE, offset, size, host->data(), e.num_wait(),
                                    e.wait_list(), e.event_out(true));

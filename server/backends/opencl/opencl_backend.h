@@ -298,7 +298,6 @@ class OpenCLBackend : public Backend {
   };
   Result<Staged> Stage(uint64_t stream, uint64_t buffer, uint64_t offset, uint64_t size, const ir::u64s& wait,
                        uint64_t signal);
-  Result<std::shared_ptr<EventRef>> GateOn(const std::vector<cl_event>& events, cl_context context);
 
   // Resolves stream (0: the device's default queue), wait list and signal for `device`.
   Status Prepare(uint64_t stream, uint32_t device, const ir::u64s& wait, uint64_t signal, Enqueue* e);
