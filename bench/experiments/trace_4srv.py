@@ -39,17 +39,23 @@ def times(ev, pattern):
     rx = re.compile(pattern)
     return [(t, rx.search(l)) for t, l in ev if rx.search(l)]
 
+def halo_recvs(ev):
+    """The halo transfers into a server (the most common size: a buffer's first use moves it
+    whole), as (transfer id, size) in order; two a step."""
+    recvs = [(m.group(1), int(m.group(2))) for _, m in times(ev, r"s2s recv (0x[0-9a-f]+): (\d+) bytes into")]
+    halo = statistics.mode([n for _, n in recvs]) if recvs else 0
+    return [i for i, n in recvs if n == halo], halo
+
+
 def kernels_done(ev):
-    """Per step, the earlier of a server's two EventExport dones (its kernel finished)."""
+    """Per step, the earlier of a server's two EventExport dones (its kernel finished: each
+    neighbour's two halo copies import it, with two servers too)."""
     t = [x for x, _ in times(ev, r"event export 0x[0-9a-f]+: done")]
     return [min(t[2 * s:2 * s + 2]) for s in range(len(t) // 2)]
 
 done = [kernels_done(ev) for ev in logs]
 me = logs[server]
-# Only the halo transfers: the most common size (a buffer's first use moves it whole).
-recvs = [(m.group(1), int(m.group(2))) for _, m in times(me, r"s2s recv (0x[0-9a-f]+): (\d+) bytes into")]
-halo = statistics.mode([n for _, n in recvs]) if recvs else 0
-recv_posted = [i for i, n in recvs if n == halo]
+recv_posted, halo = halo_recvs(me)
 gates = [t for t, m in times(me, r"s2s write of (\d+) bytes .*gate set") if int(m.group(1)) == halo]
 came = {m.group(1): t for t, m in times(me, r"s2s recv (0x[0-9a-f]+): bytes came")}
 read_done = {}  # transfer -> (time, source server)
