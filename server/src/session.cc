@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "tandem/log.h"
+#include "tandem/server/profile.h"
 
 namespace tandem::server {
 namespace {
@@ -66,40 +67,10 @@ int32_t FailedEventStatus(const Status& st) {
 
 }  // namespace
 
-class Session::Profile {
- public:
-  using Clock = std::chrono::steady_clock;
-  void Add(const std::string& what, Clock::duration d) {
-    std::lock_guard<std::mutex> lock(mu_);
-    Entry& e = entries_[what];
-    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
-    ++e.count;
-    e.total_ns += ns;
-    e.max_ns = std::max<int64_t>(e.max_ns, ns);
-  }
-  void Log() {
-    std::lock_guard<std::mutex> lock(mu_);
-    std::vector<std::pair<std::string, Entry>> rows(entries_.begin(), entries_.end());
-    std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.total_ns > b.second.total_ns; });
-    for (const auto& [what, e] : rows)
-      log::Info("profile: {:<28} {:>8} x  total {:>10.3f} ms  mean {:>9.1f} us  max {:>9.1f} us", what, e.count,
-                e.total_ns / 1e6, e.total_ns / 1e3 / e.count, e.max_ns / 1e3);
-  }
-
- private:
-  struct Entry {
-    uint64_t count = 0;
-    int64_t total_ns = 0, max_ns = 0;
-  };
-  std::mutex mu_;
-  std::map<std::string, Entry> entries_;
-};
-
 Session::Session(Backend* backend, uint64_t session_key, bool defer_replies)
     : backend_(backend), session_key_(session_key) {
   backend_->AllowDeferredReplies(defer_replies);
-  if (const char* v = std::getenv("TANDEM_SERVER_PROFILE"); v && std::string(v) == "1")
-    profile_ = std::make_shared<Profile>();
+  profile_ = Profile::FromEnv();
   if (const char* v = std::getenv("TANDEM_ASYNC_PEER_BYTES"); v && *v) {
     char* end = nullptr;
     const unsigned long long n = std::strtoull(v, &end, 10);

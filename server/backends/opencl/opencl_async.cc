@@ -8,7 +8,6 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <cstdlib>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -77,37 +76,6 @@ void CL_CALLBACK WatchCallback(cl_event, cl_int status, void* data) {
 }
 }  // namespace
 
-bool EventWatcher::ProfilingFromEnv() {
-  const char* v = std::getenv("TANDEM_SERVER_PROFILE");
-  return v && std::string_view(v) == "1";
-}
-
-void EventWatcher::Tally::Add(Clock::duration d) {
-  const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
-  count.fetch_add(1, std::memory_order_relaxed);
-  total_ns.fetch_add(ns, std::memory_order_relaxed);
-  int64_t m = max_ns.load(std::memory_order_relaxed);
-  while (ns > m && !max_ns.compare_exchange_weak(m, ns, std::memory_order_relaxed)) {
-  }
-}
-
-void EventWatcher::LogProfile() {
-  if (!profiling_) return;
-  auto row = [](std::string_view what, const Tally& t) {
-    const uint64_t n = t.count.load();
-    if (n == 0) return;
-    log::Info("profile: {:<28} {:>8} x  total {:>10.3f} ms  mean {:>9.1f} us  max {:>9.1f} us", what, n,
-              t.total_ns.load() / 1e6, t.total_ns.load() / 1e3 / n, t.max_ns.load() / 1e3);
-  };
-  row("watcher: fired by callback", fired_[kCallback]);
-  row("watcher: fired by young poll", fired_[kYoungPoll]);
-  row("watcher: fired by sweep", fired_[kSweep]);
-  row("watcher: watch queued", queued_watch_);
-  row("watcher: watch ran", ran_watch_);
-  row("watcher: post queued", queued_post_);
-  row("watcher: post ran", ran_post_);
-}
-
 void EventWatcher::Watch(cl_event event, std::function<void(cl_int status)> fn) {
   auto p = std::make_shared<Pending>();
   p->event = event;
@@ -130,7 +98,7 @@ void EventWatcher::Post(std::function<void()> fn) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     ready_.push_back(Ready{[fn = std::move(fn)](cl_int) { fn(); }, CL_COMPLETE, nullptr,
-                           profiling_ ? Clock::now() : Clock::time_point{}});
+                           profile_ ? Clock::now() : Clock::time_point{}});
   }
   run_cv_.notify_one();
 }
@@ -145,9 +113,11 @@ void EventWatcher::Start() {
 void EventWatcher::Fire(const std::shared_ptr<Pending>& p, cl_int status, Via via) {
   if (p->fired.exchange(true)) return;
   Clock::time_point now{};
-  if (profiling_) {
+  if (profile_) {
+    static constexpr const char* kVia[] = {"watcher: fired by callback", "watcher: fired by young poll",
+                                           "watcher: fired by sweep"};
     now = Clock::now();
-    fired_[via].Add(now - p->since);
+    profile_->Add(kVia[via], now - p->since);
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -208,14 +178,10 @@ void EventWatcher::RunLoop() {
       r = std::move(ready_.front());
       ready_.pop_front();
     }
-    if (!profiling_) {
-      r.fn(r.status);
-      continue;
-    }
-    const auto start = Clock::now();
-    (r.pending ? queued_watch_ : queued_post_).Add(start - r.queued);
+    const auto start = profile_ ? Clock::now() : Clock::time_point{};
+    if (profile_) profile_->Add(r.pending ? "watcher: watch queued" : "watcher: post queued", start - r.queued);
     r.fn(r.status);
-    (r.pending ? ran_watch_ : ran_post_).Add(Clock::now() - start);
+    if (profile_) profile_->Add(r.pending ? "watcher: watch ran" : "watcher: post ran", Clock::now() - start);
   }
 }
 

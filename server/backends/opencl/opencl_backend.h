@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "tandem/server/backend.h"
+#include "tandem/server/profile.h"
 
 namespace tandem::server::opencl {
 
@@ -193,7 +194,9 @@ class EventWatcher {
   void Post(std::function<void()> fn);
   // With TANDEM_SERVER_PROFILE=1: how watches fired (callback, young poll, sweep) and how
   // long what they run waited for and held the runner thread, logged as "profile:" lines.
-  void LogProfile();
+  void LogProfile() {
+    if (profile_) profile_->Log();
+  }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -201,12 +204,7 @@ class EventWatcher {
     std::function<void(cl_int)> fn;
     cl_int status = 0;
     std::shared_ptr<Pending> pending;  // keeps the event until fn has run (null: a Post)
-    Clock::time_point queued;
-  };
-  struct Tally {
-    std::atomic<uint64_t> count{0};
-    std::atomic<int64_t> total_ns{0}, max_ns{0};
-    void Add(Clock::duration d);
+    Clock::time_point queued;          // set only while profiling
   };
   void Start();
   void PollLoop();
@@ -216,9 +214,7 @@ class EventWatcher {
   std::vector<std::shared_ptr<Pending>> watches_;
   std::deque<Ready> ready_;
   std::once_flag started_;
-  const bool profiling_ = ProfilingFromEnv();
-  static bool ProfilingFromEnv();
-  Tally fired_[3], queued_watch_, queued_post_, ran_watch_, ran_post_;
+  const std::shared_ptr<Profile> profile_ = Profile::FromEnv();
 };
 
 class OpenCLBackend : public Backend {

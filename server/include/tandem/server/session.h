@@ -20,6 +20,8 @@
 
 namespace tandem::server {
 
+class Profile;  // tandem/server/profile.h
+
 // Record flag of the Attach that opens a session: the client can Resume it after a link
 // loss (ir Resume/Ack). The same value as the client's (core/client/session.h).
 inline constexpr uint16_t kRecordResumable = 2;
@@ -212,10 +214,6 @@ class Session {
 
   // TANDEM_SERVER_PROFILE=1: time spent on the executor per command, and the latencies of work
   // that finishes off it, logged when the session says goodbye.
- public:
-  class Profile;
-
- private:
   std::shared_ptr<Profile> profile_;
   uint64_t async_peer_bytes_ = kAsyncPeerBytes;
 };
