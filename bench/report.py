@@ -360,6 +360,15 @@ if os.path.exists(wl):
                             pass
         return t
 
+    def timed(name, kind, why):
+        """A run's (seconds, why not): its time from work-NAME-KIND.txt unless `why` (the runner's
+        reason) says it has none, or the file has no time line."""
+        t = None if why else seconds(os.path.join(OUT, "work-%s-%s.txt" % (name, kind)))
+        return t, why or ("" if t is not None else "no `time: X s` line")
+
+    def share(a, tan):
+        return None if a is None or tan is None or tan <= 0 else a / tan
+
     procs = {}  # name -> why the 4-process native run has no time ("" when it has one)
     wlp = os.path.join(OUT, "workloads-procs.txt")
     if os.path.exists(wlp):
@@ -374,18 +383,14 @@ if os.path.exists(wl):
             if len(parts) < 4:
                 continue
             name, n, nat_why, tan_why = parts[:4]
-            nat = None if nat_why else seconds(os.path.join(OUT, "work-%s-native.txt" % name))
-            tan = None if tan_why else seconds(os.path.join(OUT, "work-%s-tandem.txt" % name))
-            nat_why = nat_why or ("" if nat is not None else "no `time: X s` line")
-            tan_why = tan_why or ("" if tan is not None else "no `time: X s` line")
-            eff = None if nat is None or tan is None or tan <= 0 else nat / tan
+            nat, nat_why = timed(name, "native", nat_why)
+            tan, tan_why = timed(name, "tandem", tan_why)
+            eff = share(nat, tan)
             pro, pro_cell, pro_eff = None, "-", None
             if name in procs:
-                pro_why = procs[name]
-                pro = None if pro_why else seconds(os.path.join(OUT, "work-%s-procs.txt" % name))
-                pro_why = pro_why or ("" if pro is not None else "no `time: X s` line")
+                pro, pro_why = timed(name, "procs", procs[name])
                 pro_cell = cell((pro, "s", unparen(pro_why)), "s")
-                pro_eff = None if pro is None or tan is None or tan <= 0 else pro / tan
+                pro_eff = share(pro, tan)
             work_rows.append([name, n, cell((nat, "s", unparen(nat_why)), "s"), cell((tan, "s", unparen(tan_why)), "s"),
                               "-" if eff is None else "%.2f" % eff, pro_cell,
                               "-" if pro_eff is None else "%.2f" % pro_eff])

@@ -21,6 +21,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "round_trip/timing.h"
+
 #define CK(x)                                                             \
   do {                                                                    \
     cl_int e_ = (x);                                                      \
@@ -36,12 +38,6 @@ static const char* kSrc =
     "  for (int k = 0; k < iters; ++k) x = x * 0.999f + 0.001f;\n"
     "  a[i] = x;\n"
     "}\n";
-
-static double now_ms(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
 
 typedef struct {
   cl_context c;
@@ -78,21 +74,16 @@ enum { R = 200, REPS = 5 };
 static double burst(env* e, int iters) {
   size_t g = 1 << 20;
   CK(clSetKernelArg(e->k, 1, sizeof iters, &iters));
-  double t0 = now_ms();
+  double t0 = now_us();
   for (int r = 0; r < R; ++r) CK(clEnqueueNDRangeKernel(e->q, e->k, 1, NULL, &g, NULL, 0, NULL, NULL));
   CK(clFinish(e->q));
-  return now_ms() - t0;
-}
-
-static int cmp(const void* a, const void* b) {
-  double x = *(const double*)a, y = *(const double*)b;
-  return x < y ? -1 : x > y;
+  return (now_us() - t0) / 1e3;
 }
 
 static double phase(env* e, int iters) {
   double v[REPS];
   for (int i = 0; i < REPS; ++i) v[i] = burst(e, iters);
-  qsort(v, REPS, sizeof(double), cmp);
+  sort_samples(v, REPS);
   return v[REPS / 2];
 }
 

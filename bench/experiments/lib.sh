@@ -87,3 +87,23 @@ stop_experiment_servers() {
 }
 
 idle_rows() { sed 's/ocl_readback_//;s/cuda_readback_//;s/idle_//' | awk '/readback|^warm|ms /{printf "%s %.1f  ", $1, $2}'; }
+
+# four_advection_servers BUILD_DIR LOG_PREFIX: the 4-server advection experiments' start
+# (opencl_processes.sh, opencl_4srv_profile.sh, opencl_4srv_trace.sh): builds what they run
+# into BUILD_DIR (not with NO_BUILD=1: BUILD_DIR is built already), logs in W=BUILD_DIR-work,
+# experiment_env, and four OpenCL tandemd with the caller's environment (logs
+# $W/LOG_PREFIX-{0..3}.log); their addresses go to addr[s0..s3] and, as one list, to $four.
+four_advection_servers() {
+  local bld=$1 prefix=$2 i
+  W=$bld-work
+  mkdir -p "$W"
+  if [[ ${NO_BUILD:-0} != 1 ]]; then
+    build_tree . "$bld" "$W" procs "tandemd tandem tandem_opencl advection advection_procs" \
+      -DTANDEM_CUDA_PROGRAMS=OFF || exit 1
+  fi
+  experiment_env "$W"
+  declare -gA addr
+  for i in 0 1 2 3; do start_server_as "s$i" "$bld/server/tandemd" opencl "$W/$prefix-$i.log"; done
+  four=${addr[s0]},${addr[s1]},${addr[s2]},${addr[s3]}
+  sleep 2
+}

@@ -19,18 +19,8 @@ set -u
 ROUNDS=${1:-3}
 BLD=${2:-/tmp/tandem-procs}
 source bench/experiments/lib.sh
-W=$BLD-work
-mkdir -p "$W"
-if [[ ${NO_BUILD:-0} != 1 ]]; then  # NO_BUILD=1: BUILD_DIR is built already
-  build_tree . "$BLD" "$W" procs "tandemd tandem tandem_opencl advection advection_procs" \
-    -DTANDEM_CUDA_PROGRAMS=OFF || exit 1
-fi
-experiment_env "$W"
-declare -A addr
-for i in 0 1 2 3; do start_server_as "s$i" "$BLD/server/tandemd" opencl "$W/tandemd-$i.log"; done
+four_advection_servers "$BLD" tandemd
 one=${addr[s0]}
-four=${addr[s0]},${addr[s1]},${addr[s2]},${addr[s3]}
-sleep 2
 ADV=$BLD/examples/opencl/advection
 # run ROW ARGS...: one run of ROW at the advection ARGS; prints "ms/step checksum-digest".
 run() {

@@ -25,23 +25,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
-}
-static int cmp(const void* a, const void* b) {
-  double x = *(const double*)a, y = *(const double*)b;
-  return x < y ? -1 : x > y;
-}
+
+#include "round_trip/timing.h"
+
 enum { R = 300 };
 static void report(const char* name, double* v) {
-  qsort(v, R, sizeof(double), cmp);
+  sort_samples(v, R);
   printf("%-12s p50 %8.1f us  p90 %8.1f us\n", name, v[R / 2], v[R * 9 / 10]);
 }
 static void spin_us(double us) {
-  double t = now() + us;
-  while (now() < t) {
+  double t = now_us() + us;
+  while (now_us() < t) {
   }
 }
 #define CK(x)                                                  \
@@ -56,7 +50,7 @@ static atomic_int fired;
 static double fired_at;
 static void CL_CALLBACK on_complete(cl_event ev, cl_int status, void* data) {
   (void)ev, (void)status, (void)data;
-  fired_at = now();
+  fired_at = now_us();
   atomic_store(&fired, 1);
 }
 int main(void) {
@@ -80,10 +74,10 @@ int main(void) {
   for (int warm = 0; warm < 2; ++warm) {
     for (int r = 0; r < R; ++r) {
       cl_event ev;
-      double t0 = now();
+      double t0 = now_us();
       CK(clEnqueueCopyBuffer(q, a, b, 0, 0, n, 0, NULL, &ev));
       CK(clWaitForEvents(1, &ev));
-      t[r] = now() - t0;
+      t[r] = now_us() - t0;
       CK(clReleaseEvent(ev));
     }
   }
@@ -94,11 +88,11 @@ int main(void) {
     CK(clEnqueueCopyBuffer(q, a, b, 0, 0, n, 1, &u, &ev));
     CK(clFlush(q));
     spin_us(200);
-    double t0 = now();
+    double t0 = now_us();
     CK(clSetUserEventStatus(u, CL_COMPLETE));
-    double t1 = now();
+    double t1 = now_us();
     CK(clWaitForEvents(1, &ev));
-    t[r] = now() - t0;
+    t[r] = now_us() - t0;
     s[r] = t1 - t0;
     CK(clReleaseEvent(ev));
     CK(clReleaseEvent(u));
@@ -112,22 +106,22 @@ int main(void) {
     CK(clEnqueueCopyBuffer(q, a, b, 0, 0, n, 0, NULL, &ev));
     CK(clFlush(q));
     spin_us(200);
-    double t0 = now();
+    double t0 = now_us();
     CK(clSetUserEventStatus(u, CL_COMPLETE));
     CK(clWaitForEvents(1, &ev));
-    t[r] = now() - t0;
+    t[r] = now_us() - t0;
     CK(clReleaseEvent(ev));
     CK(clReleaseEvent(u));
   }
   report("marker", t);
   for (int r = 0; r < R; ++r) {
     cl_event e2, ev;
-    double t0 = now();
+    double t0 = now_us();
     CK(clEnqueueCopyBuffer(q2, x, a, 0, 0, n, 0, NULL, &e2));
     CK(clFlush(q2));
     CK(clEnqueueCopyBuffer(q, a, b, 0, 0, n, 1, &e2, &ev));
     CK(clWaitForEvents(1, &ev));
-    t[r] = now() - t0;
+    t[r] = now_us() - t0;
     CK(clReleaseEvent(ev));
     CK(clReleaseEvent(e2));
   }
@@ -143,12 +137,12 @@ int main(void) {
       CK(clEnqueueReadBuffer(q2, a, CL_FALSE, 0, n, host, 1, &ec, &er));
       CK(clFlush(q2));
       spin_us(200);
-      double t0 = now();
+      double t0 = now_us();
       CK(clSetUserEventStatus(u, CL_COMPLETE));
       CK(clWaitForEvents(1, &ec));
-      tc[r] = now() - t0;
+      tc[r] = now_us() - t0;
       CK(clWaitForEvents(1, &er));
-      t[r] = now() - t0;
+      t[r] = now_us() - t0;
       CK(clReleaseEvent(ec));
       CK(clReleaseEvent(er));
       CK(clReleaseEvent(u));
@@ -160,7 +154,7 @@ int main(void) {
   for (int r = 0; r < R; ++r) {
     cl_event ev;
     atomic_store(&fired, 0);
-    double t0 = now();
+    double t0 = now_us();
     CK(clEnqueueCopyBuffer(q, a, b, 0, 0, n, 0, NULL, &ev));
     CK(clSetEventCallback(ev, CL_COMPLETE, on_complete, NULL));
     CK(clFlush(q));
@@ -179,18 +173,18 @@ int main(void) {
   for (int which = 0; which < 2; ++which) {
     for (int r = 0; r < R; ++r) {
       cl_event ev;
-      double t0 = now();
+      double t0 = now_us();
       CK(clEnqueueReadBuffer(q, a, CL_FALSE, 0, n, which ? pinned : pageable, 0, NULL, &ev));
       CK(clWaitForEvents(1, &ev));
-      t[r] = now() - t0;
+      t[r] = now_us() - t0;
       CK(clReleaseEvent(ev));
     }
     report(which ? "read pinned" : "read pageable", t);
   }
   for (int r = 0; r < R; ++r) {
-    double t0 = now();
+    double t0 = now_us();
     CK(clEnqueueWriteBuffer(q, a, CL_TRUE, 0, n, pageable, 0, NULL, NULL));
-    t[r] = now() - t0;
+    t[r] = now_us() - t0;
   }
   report("write pageable", t);
   return 0;
