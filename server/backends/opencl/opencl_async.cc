@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <condition_variable>
 #include <deque>
 #include <memory>
@@ -185,6 +186,32 @@ void EventWatcher::RunLoop() {
   }
 }
 
+bool OpenCLBackend::TraceClTimes() {
+  static const bool on = [] {
+    const char* v = std::getenv("TANDEM_TRACE_CL_TIMES");
+    return v && std::string_view(v) == "1";
+  }();
+  return on;
+}
+
+void OpenCLBackend::TraceTimes(cl_event event, std::string what) {
+  clRetainEvent(event);
+  EventWatcher::Get().Watch(event, [event, what = std::move(what)](cl_int status) {
+    cl_ulong t[4] = {};
+    const cl_profiling_info info[4] = {CL_PROFILING_COMMAND_QUEUED, CL_PROFILING_COMMAND_SUBMIT,
+                                       CL_PROFILING_COMMAND_START, CL_PROFILING_COMMAND_END};
+    for (int i = 0; i < 4; ++i) {
+      cl_int err = clGetEventProfilingInfo(event, info[i], sizeof t[i], &t[i], nullptr);
+      if (err != CL_SUCCESS) {
+        log::Info("cl times {}: not available (status {}, {})", what, status, ClErrorName(err));
+        return;
+      }
+    }
+    log::Info("cl times {}: queued {:.1f} submit {:.1f} start {:.1f} end {:.1f}", what, t[0] / 1e3, t[1] / 1e3,
+              t[2] / 1e3, t[3] / 1e3);
+  });
+}
+
 Result<std::shared_ptr<HostBuffer>> MappedHostMemory(cl_context context, cl_device_id device, size_t n,
                                                      std::string_view what) {
   cl_int err = CL_SUCCESS;
@@ -255,6 +282,7 @@ Status OpenCLBackend::ReadToHost(uint64_t stream, uint64_t buffer, uint64_t offs
                                    e.wait_list(), e.event_out(true));
   if (err != CL_SUCCESS) return ClError(err, "clEnqueueReadBuffer", "server-to-server source");
   cl_event read = e.done;
+  if (TraceClTimes()) TraceTimes(read, fmt::format("s2s read {}", size));
   clRetainEvent(read);
   Complete(e);
   clFlush(e.queue);
@@ -284,11 +312,12 @@ Result<PendingWrite> OpenCLBackend::WriteFromHost(uint64_t stream, uint64_t buff
   if (err != CL_SUCCESS) return ClError(err, "clCreateUserEvent", "server-to-server gate");
   e.wait.push_back(gate->get());
   err = clEnqueueCopyBuffer(e.queue, st->tmp->get(), st->buffer->mem.get(), 0, offset, size, e.num_wait(),
-                            e.wait_list(), e.signal ? e.event_out() : nullptr);
+                            e.wait_list(), e.signal || TraceClTimes() ? e.event_out(true) : nullptr);
   if (err != CL_SUCCESS) {
     clSetUserEventStatus(gate->get(), CL_INVALID_OPERATION);
     return ClError(err, "clEnqueueCopyBuffer", "from server-to-server staging");
   }
+  if (TraceClTimes()) TraceTimes(e.done, fmt::format("s2s gated copy {}", size));
   Complete(e);
   clFlush(e.queue);
   auto host = std::make_shared<PlainHostBuffer>(size);

@@ -259,6 +259,14 @@ class OpenCLBackend : public Backend {
   Status OnEventTimes(const ir::EventTimesReq&, ir::EventTimesRep*) override;
   Status OnUserEventSet(const ir::UserEventSetReq&, ir::UserEventSetRep*) override;
 
+  // TANDEM_TRACE_CL_TIMES=1 (diagnosis): every queue profiles, and the device times of
+  // kernels and of server-to-server reads and copies are logged once each ends, as
+  // "cl times WHAT: queued Q submit S start B end E" (us of the device's profiling clock;
+  // bench/experiments/cl_times.py reads them). Off, it costs one branch per command.
+  static bool TraceClTimes();
+  // Logs `event`'s times when it ends (retains its own reference). Only with TraceClTimes.
+  static void TraceTimes(cl_event event, std::string what);
+
   // Tests only: runs in every command's preparation after its wait list's statuses were
   // checked, before the command is enqueued.
   void set_after_wait_check_for_test(std::function<void()> fn) { after_wait_check_ = std::move(fn); }

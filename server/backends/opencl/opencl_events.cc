@@ -15,7 +15,7 @@ Status OpenCLBackend::OnStreamCreate(const ir::StreamCreateReq& req, ir::StreamC
   // kStreamNonBlocking (no implicit sync with stream 0) is what OpenCL queues always are;
   // priority is a CUDA hint that OpenCL queues cannot take without an extension.
   cl_command_queue_properties qp = 0;
-  if (req.flags & ir::kStreamProfiling) qp |= CL_QUEUE_PROFILING_ENABLE;
+  if ((req.flags & ir::kStreamProfiling) || TraceClTimes()) qp |= CL_QUEUE_PROFILING_ENABLE;
   if (req.flags & ir::kStreamOutOfOrder) qp |= CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE;
   cl_queue_properties props[] = {CL_QUEUE_PROPERTIES, qp, 0};
   cl_int err = CL_SUCCESS;

@@ -132,8 +132,9 @@ Status OpenCLBackend::OnLaunch(const ir::LaunchReq& req, ir::LaunchRep*) {
   }
   cl_int err = clEnqueueNDRangeKernel(e.queue, fn.kernel.get(), req.dims, req.offset.empty() ? nullptr : offset.data(),
                                       grid.data(), req.block.empty() ? nullptr : block.data(), e.num_wait(),
-                                      e.wait_list(), e.event_out());
+                                      e.wait_list(), e.event_out(TraceClTimes()));
   if (err != CL_SUCCESS) return ClError(err, "clEnqueueNDRangeKernel");
+  if (TraceClTimes()) TraceTimes(e.done, fmt::format("kernel {:#x} on stream {:#x}", req.function, req.stream));
   Complete(e);
   return Status::Ok();
 }
