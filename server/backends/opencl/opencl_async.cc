@@ -5,7 +5,6 @@
 // (an implementation may read a non-blocking write's host memory at any time).
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -195,45 +194,6 @@ bool OpenCLBackend::TraceClTimes() {
   return on;
 }
 
-// NVIDIA's OpenCL (driver 580) holds a command that waits on a user event on the host and
-// submits it some time after the event is set: 0.5-1.8 ms later for the 4-server advection's
-// halo reads on an H200 (bench/experiments/opencl_cl_times.sh with ALIGN=1), where one
-// process alone saw 38 us (user_event_gate.c). A flush of the waiting command's queue right
-// after the set hands it over at once.
-bool OpenCLBackend::FlushAfterSet() {
-  static const bool on = [] {
-    const char* v = std::getenv("TANDEM_FLUSH_AFTER_SET");
-    return !(v && std::string_view(v) == "0");
-  }();
-  return on;
-}
-
-QueueList::~QueueList() {
-  for (cl_command_queue q : queues_) clReleaseCommandQueue(q);
-}
-
-void QueueList::Add(cl_command_queue q) {
-  clRetainCommandQueue(q);
-  std::lock_guard<std::mutex> lock(mu_);
-  queues_.push_back(q);
-}
-
-void QueueList::Remove(cl_command_queue q) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = std::find(queues_.begin(), queues_.end(), q);
-  if (it == queues_.end()) return;
-  queues_.erase(it);
-  clReleaseCommandQueue(q);
-}
-
-void QueueList::FlushAll() {
-  std::lock_guard<std::mutex> lock(mu_);
-  for (cl_command_queue q : queues_) {
-    cl_int err = clFlush(q);
-    if (err != CL_SUCCESS) log::Warn("clFlush after a user event was set: {}", ClErrorName(err));
-  }
-}
-
 void OpenCLBackend::TraceTimes(cl_event event, std::string what) {
   clRetainEvent(event);
   EventWatcher::Get().Watch(event, [event, what = std::move(what)](cl_int status) {
@@ -371,15 +331,13 @@ Result<PendingWrite> OpenCLBackend::WriteFromHost(uint64_t stream, uint64_t buff
     std::lock_guard<std::mutex> lock(*mu);
     clSetUserEventStatus(gate->get(), status);
   };
-  pending.release = [tmp = st->tmp, gate, queue = st->transfer, host, size, fail,
-                     queues = queues_](const Status& got) {
+  pending.release = [tmp = st->tmp, gate, queue = st->transfer, host, size, fail](const Status& got) {
     if (!got.ok()) return fail(FailedStatus(got));
-    EventWatcher::Get().Post([tmp, gate, queue, host, size, fail, queues] {
+    EventWatcher::Get().Post([tmp, gate, queue, host, size, fail] {
       log::Trace("s2s write of {} bytes through {}: starts", size, static_cast<void*>(tmp->get()));
       cl_int err = clEnqueueWriteBuffer(queue->get(), tmp->get(), CL_TRUE, 0, size, host->data(), 0, nullptr, nullptr);
       if (err != CL_SUCCESS) return fail(err);
       clSetUserEventStatus(gate->get(), CL_COMPLETE);
-      if (FlushAfterSet()) queues->FlushAll();
       log::Trace("s2s write of {} bytes through {}: gate set", size, static_cast<void*>(tmp->get()));
     });
   };

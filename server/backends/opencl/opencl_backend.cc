@@ -203,7 +203,6 @@ Result<cl_command_queue> OpenCLBackend::DefaultQueue(uint32_t device) {
     cl_command_queue q = clCreateCommandQueueWithProperties(d.context.get(), d.id, props, &err);
     if (err != CL_SUCCESS) return ClError(err, "clCreateCommandQueueWithProperties", "default queue");
     d.default_queue.reset(q);
-    queues_->Add(q);
   }
   return d.default_queue.get();
 }

@@ -167,24 +167,6 @@ struct Enqueue {
   cl_event* event_out(bool needed = false) { return signal || needed ? &done : nullptr; }
 };
 
-// The program's queues (streams and default queues), each with a reference of its own, so a
-// thread other than the executor can flush them all: after a user event or a server-to-server
-// gate is set (FlushAfterSet). Thread-safe.
-class QueueList {
- public:
-  QueueList() = default;
-  QueueList(const QueueList&) = delete;
-  QueueList& operator=(const QueueList&) = delete;
-  ~QueueList();
-  void Add(cl_command_queue q);
-  void Remove(cl_command_queue q);
-  void FlushAll();
-
- private:
-  std::mutex mu_;
-  std::vector<cl_command_queue> queues_;
-};
-
 // Runs a function, on a thread of its own, once an OpenCL event is done (its status: CL_COMPLETE
 // or negative). One per process: the worker has one session. See opencl_async.cc.
 class EventWatcher {
@@ -282,9 +264,6 @@ class OpenCLBackend : public Backend {
   // "cl times WHAT: queued Q submit S start B end E" (us of the device's profiling clock;
   // bench/experiments/cl_times.py reads them). Off, it costs one branch per command.
   static bool TraceClTimes();
-  // Whether setting a user event or a server-to-server gate flushes every program queue
-  // after it (TANDEM_FLUSH_AFTER_SET, default 1; 0 turns it off). See QueueList.
-  static bool FlushAfterSet();
   // Logs `event`'s times when it ends (retains its own reference). Only with TraceClTimes.
   static void TraceTimes(cl_event event, std::string what);
 
@@ -359,7 +338,6 @@ class OpenCLBackend : public Backend {
   std::unordered_map<uint64_t, Function> functions_;
   std::unordered_map<uint64_t, Stream> streams_;
   std::unordered_map<uint64_t, Event> events_;
-  std::shared_ptr<QueueList> queues_ = std::make_shared<QueueList>();
   // Guards changes to events_ against OnUserEventSet, which runs on the receive thread;
   // the executor, the only writer, reads without it. Also held from a command's wait-list
   // check to its enqueue (Enqueue::no_failures), so OnUserEventSet fails no event between,

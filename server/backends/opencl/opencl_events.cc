@@ -22,14 +22,12 @@ Status OpenCLBackend::OnStreamCreate(const ir::StreamCreateReq& req, ir::StreamC
   cl_command_queue q = clCreateCommandQueueWithProperties(d.value()->context.get(), d.value()->id, props, &err);
   if (err != CL_SUCCESS) return ClError(err, "clCreateCommandQueueWithProperties");
   streams_[req.stream] = Stream{QueueRef(q), static_cast<uint32_t>(req.device)};
-  queues_->Add(q);
   return Status::Ok();
 }
 
 Status OpenCLBackend::OnStreamDestroy(const ir::StreamDestroyReq& req, ir::StreamDestroyRep*) {
   auto s = Find(streams_, req.stream, "stream");
   if (!s.ok()) return s.status();
-  queues_->Remove(s.value()->queue.get());
   streams_.erase(req.stream);  // releasing flushes; enqueued commands still complete
   return Status::Ok();
 }
@@ -195,9 +193,7 @@ Status OpenCLBackend::OnUserEventSet(const ir::UserEventSetReq& req, ir::UserEve
   if (req.status > 0)
     return Status::Invalid(fmt::format("user event status {} (CL_COMPLETE or a negative error)", req.status));
   cl_int err = clSetUserEventStatus(ev.value()->event.get(), req.status);
-  if (err != CL_SUCCESS) return ClError(err, "clSetUserEventStatus");
-  if (FlushAfterSet()) queues_->FlushAll();
-  return Status::Ok();
+  return err == CL_SUCCESS ? Status::Ok() : ClError(err, "clSetUserEventStatus");
 }
 
 }  // namespace tandem::server::opencl
