@@ -71,6 +71,13 @@ Session::Session(Backend* backend, uint64_t session_key, bool defer_replies)
     : backend_(backend), session_key_(session_key) {
   backend_->AllowDeferredReplies(defer_replies);
   profile_ = Profile::FromEnv();
+  hold_ = backend_->HoldsForPeers();
+  if (const char* v = std::getenv("TANDEM_SERVER_HOLD"); v && *v) {
+    if (std::string_view(v) == "0" || std::string_view(v) == "1")
+      hold_ = *v == '1';
+    else
+      log::Warn("TANDEM_SERVER_HOLD={}: not 0 or 1; holding stays {}", v, hold_ ? "on" : "off");
+  }
   if (const char* v = std::getenv("TANDEM_ASYNC_PEER_BYTES"); v && *v) {
     char* end = nullptr;
     const unsigned long long n = std::strtoull(v, &end, 10);
@@ -92,8 +99,10 @@ BatchOutcome Session::HandleBatch(std::span<const uint8_t> msg) {
     }
   }
   const auto batch_started = std::chrono::steady_clock::now();
+  out_ = &out;
   DestroyFinishedImports();
   TakeAsyncFailures();
+  if (releases_due_.load()) TakeReleases();
   std::vector<ir::Record> records;
   Status st = ir::ParseBatch(msg, ir::BatchKind::kRequests, &records);
   if (!st.ok()) {
@@ -114,6 +123,7 @@ BatchOutcome Session::HandleBatch(std::span<const uint8_t> msg) {
     }
     backend_->set_wait_runs_next(false);
   }
+  out_ = nullptr;
   outcome.goodbye = goodbye_;
   outcome.reply = WithOutput(out);
   if (profile_) profile_->Add(fmt::format("(batch of {})", records.size() < 8 ? "<8" : records.size() < 64 ? "8-63" : ">=64"),
@@ -219,6 +229,35 @@ Status Session::ExecuteUrgent(const ir::UserEventSetReq& req, ir::UserEventSetRe
 }
 
 template <class Req>
+Session::HoldKeys Session::KeysOf(const Req& req) {
+  HoldKeys k;
+  if constexpr (requires { req.stream; }) {
+    k.stream = req.stream;
+    k.has_stream = true;
+  }
+  if constexpr (requires { req.signal; }) k.signal = req.signal;
+  if constexpr (requires { req.wait; }) k.events.insert(k.events.end(), req.wait.begin(), req.wait.end());
+  if constexpr (requires { req.event; }) k.events.push_back(req.event);
+  if constexpr (requires { req.events; }) k.events.insert(k.events.end(), req.events.begin(), req.events.end());
+  if constexpr (std::is_same_v<Req, ir::EventElapsedReq>) k.events = {req.start, req.end};
+  k.ends_objects = std::is_same_v<Req, ir::BufferFreeReq> || std::is_same_v<Req, ir::StreamDestroyReq> ||
+                   std::is_same_v<Req, ir::ModuleFreeReq> || std::is_same_v<Req, ir::FunctionFreeReq> ||
+                   std::is_same_v<Req, ir::EventDestroyReq> || std::is_same_v<Req, ir::DeviceSyncReq> ||
+                   std::is_same_v<Req, ir::DeviceResetReq>;
+  return k;
+}
+
+// A command waits for a held one, or for another server's answer, when it runs on a stream
+// with a held command, waits on or names a pending event, or ends objects (or syncs a whole
+// device) while anything is held.
+bool Session::Blocked(const HoldKeys& k) const {
+  if (k.has_stream && held_streams_.contains(k.stream)) return true;
+  for (uint64_t e : k.events)
+    if (Pending(e)) return true;
+  return k.ends_objects && !held_.empty();
+}
+
+template <class Req>
 void Session::Run(const ir::Record& rec, ir::BatchWriter& out) {
   if (log::TraceEnabled()) log::Trace("run #{} {}", rec.header.seq, ir::TraceRequest(rec.header.opcode, rec.payload));
   // A Launch, the command a program sends most, is decoded into one request per thread,
@@ -236,6 +275,31 @@ void Session::Run(const ir::Record& rec, ir::BatchWriter& out) {
   Status st = ir::DecodeRequest(rec.payload, &req);
   // A malformed record is always answered: its flags cannot be trusted to say otherwise.
   if (!st.ok()) return ReplyError(rec, st, out);
+  // A PeerRecv holds itself (HoldArrival): its bytes are asked for at once.
+  if constexpr (!std::is_same_v<Req, ir::PeerRecvReq>) {
+    HoldKeys keys;
+    if (Holding() && Blocked(keys = KeysOf(req))) {
+      const bool wants = (Req::kFlags & ir::kNeedsReply) || (rec.header.flags & ir::kRecordWantReply);
+      if constexpr (std::is_same_v<Req, ir::EventQueryReq>) {
+        // Not with the backend yet: queued, as a command behind an unset event is.
+        ir::EventQueryRep queued{.status = ir::kEventQueued};
+        if (wants) Reply(rec, Status::Ok(), &queued, out);
+        return;
+      }
+      if (!wants) {
+        Hold(HeldCommand{rec.header, std::vector<uint8_t>(rec.payload.begin(), rec.payload.end()), nullptr,
+                         std::move(keys)});
+        return;
+      }
+      WaitUntil([&] { return !Holding() || !Blocked(keys); });
+      // The held launches that ran meanwhile decoded into the same reused request.
+      if constexpr (std::is_same_v<Req, ir::LaunchReq>) {
+        st = ir::DecodeRequest(rec.payload, &req);
+        if (!st.ok()) return ReplyError(rec, st, out);
+      }
+    }
+  }
+  current_seq_ = rec.header.seq;
   auto rep = std::make_shared<typename Req::Reply>();
   const auto started = profile_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
   st = Execute(req, rep.get());
@@ -480,7 +544,8 @@ Status Session::Call(const ir::PeerSendReq& req, ir::PeerSendRep*) {
 Status Session::Call(const ir::PeerRecvReq& req, ir::PeerRecvRep*) {
   if (!peers_) return Status(Code::kUnimplemented, "PeerRecv: this session has no server-to-server transport");
   if (req.size == 0) return Status::Invalid("PeerRecv: empty transfer");
-  if (req.size <= async_peer_bytes_ && TakeAsyncBytes(req.size)) {
+  if (hold_ && req.size <= async_peer_bytes_ && TakeAsyncBytes(req.size)) return HoldArrival(req);
+  if (!hold_ && req.size <= async_peer_bytes_ && TakeAsyncBytes(req.size)) {
     // The write is enqueued now and held until the bytes are here; this thread goes on.
     log::Trace("s2s recv {:#x}: {} bytes into buffer {:#x} at {}", req.transfer, req.size, req.buffer, req.offset);
     auto pending = backend_->WriteFromHost(req.stream, req.buffer, req.offset, req.size, req.wait, req.signal);
@@ -501,6 +566,8 @@ Status Session::Call(const ir::PeerRecvReq& req, ir::PeerRecvRep*) {
     async_bytes_->fetch_sub(req.size);
     if (pending.status().code() != Code::kUnimplemented) return pending.status();
   }
+  // The streamed path writes from the executor: after what is held before it.
+  if (hold_) WaitUntil([&, keys = KeysOf(req)] { return !Holding() || !Blocked(keys); });
   auto io = peers_->Sink(req.peer, req.transfer, req.size);
   if (!io.ok()) return io.status();
   ir::BufferWriteReq write{.stream = req.stream, .buffer = req.buffer, .offset = req.offset, .size = req.size,
@@ -545,13 +612,22 @@ Status Session::Call(const ir::EventImportReq& req, ir::EventImportRep*) {
     imports_pending_[req.event] = false;
   }
   const uint64_t event = req.event;
-  Status st = peers_->Import(req.peer, req.token, [this, event, token = req.token,
+  // Holding: what waits on the stand-in stays here until the answer, which the executor sets.
+  if (hold_) unanswered_.insert(event);
+  Status st = peers_->Import(req.peer, req.token, [this, event, token = req.token, hold = hold_,
                                                    since = std::chrono::steady_clock::now()](int32_t status) {
     if (profile_) profile_->Add("~EventImport answered", std::chrono::steady_clock::now() - since);
     log::Trace("event import {:#x}: answered", token);
-    CompleteImport(event, status);
+    if (!hold) return CompleteImport(event, status);
+    PostRelease([this, event, status] {
+      unanswered_.erase(event);
+      CompleteImport(event, status);
+    });
   });
-  if (!st.ok()) CompleteImport(event, FailedEventStatus(st));  // what waits on it fails instead of hanging
+  if (!st.ok()) {  // what waits on it fails instead of hanging
+    unanswered_.erase(event);
+    CompleteImport(event, FailedEventStatus(st));
+  }
   return st;
 }
 
@@ -744,6 +820,155 @@ std::vector<ir::AsyncError> Session::TakeDeferred() {
     deferred_dropped_ = 0;
   }
   return out;
+}
+
+// ---- holding ----------------------------------------------------------------------------
+
+namespace {
+// A PeerRecv's bytes while they wait for their turn (holding).
+class VectorBuffer final : public HostBuffer {
+ public:
+  explicit VectorBuffer(size_t n) : bytes_(n) {}
+  uint8_t* data() override { return bytes_.data(); }
+  size_t size() const override { return bytes_.size(); }
+
+ private:
+  std::vector<uint8_t> bytes_;
+};
+}  // namespace
+
+void Session::Hold(HeldCommand command) {
+  if (!replaying_ && log::TraceEnabled())
+    log::Trace("held #{} {}", command.header.seq, ir::CommandName(command.header.opcode));
+  if (command.keys.has_stream) held_streams_.insert(command.keys.stream);
+  if (command.keys.signal) held_signals_.insert(command.keys.signal);
+  held_.push_back(std::move(command));
+}
+
+// The bytes are asked for now, into host memory of the transfer's own; the write waits in
+// the held list, in stream order, until they are here and nothing before it holds it.
+Status Session::HoldArrival(const ir::PeerRecvReq& req) {
+  log::Trace("s2s recv {:#x}: {} bytes into buffer {:#x} at {} (held)", req.transfer, req.size, req.buffer, req.offset);
+  auto a = std::make_shared<Arrival>();
+  a->req = req;
+  a->seq = current_seq_;
+  a->bytes = Counted(std::make_shared<VectorBuffer>(req.size), async_bytes_);
+  Hold(HeldCommand{ir::RecordHeader{.opcode = static_cast<uint16_t>(ir::Opcode::kPeerRecv), .seq = current_seq_}, {}, a,
+                   KeysOf(req)});
+  Status st = peers_->Expect(req.peer, req.transfer, a->bytes,
+                             [this, a, transfer = req.transfer, since = std::chrono::steady_clock::now()](const Status& got) {
+                               if (profile_) profile_->Add("~PeerRecv bytes came", std::chrono::steady_clock::now() - since);
+                               log::Trace("s2s recv {:#x}: bytes came", transfer);
+                               PostRelease([a, got] {
+                                 a->came = true;
+                                 a->status = got;
+                               });
+                             });
+  if (!st.ok()) {  // fails in its turn, like a transfer that broke off
+    a->came = true;
+    a->status = st;
+  }
+  return Status::Ok();
+}
+
+void Session::RunArrival(Arrival& a) {
+  Status st = a.status;
+  if (st.ok()) {
+    const uint8_t* p = a.bytes->data();
+    ir::BufferWriteReq write{.stream = a.req.stream, .buffer = a.req.buffer, .offset = a.req.offset,
+                             .size = a.req.size, .data = ir::bytes(p, p + a.req.size), .remote = {},
+                             .wait = a.req.wait, .signal = a.req.signal};
+    ir::BufferWriteRep unused;
+    st = Execute(write, &unused);  // its wait list's failures, the backend, the signal
+    if (auto wait = backend_->TakeDeferredReply()) {
+      Status done = wait();
+      if (st.ok()) st = done;
+    }
+  } else {
+    NoteSignal(a.req.signal, st);
+  }
+  log::Trace("s2s recv {:#x}: written: {}", a.req.transfer, st.ToString());
+  a.bytes.reset();  // back to the budget
+  if (!st.ok()) {
+    ir::Record rec;
+    rec.header.opcode = static_cast<uint16_t>(ir::Opcode::kPeerRecv);
+    rec.header.seq = a.seq;
+    Defer(rec, st, a.req.signal);
+  }
+}
+
+void Session::PostRelease(std::function<void()> fn) {
+  {
+    std::lock_guard<std::mutex> lock(release_mu_);
+    releases_.push_back(std::move(fn));
+    releases_due_.store(true);
+  }
+  release_cv_.notify_all();
+  if (wake_) wake_();
+}
+
+void Session::TakeReleases() {
+  std::vector<std::function<void()>> due;
+  {
+    std::lock_guard<std::mutex> lock(release_mu_);
+    due.swap(releases_);
+    releases_due_.store(false);
+  }
+  for (auto& fn : due) fn();
+  Replay();
+}
+
+// Runs the held commands again in order: each goes to the backend, or is held again when
+// something before it still holds it.
+void Session::Replay() {
+  if (replaying_ || held_.empty()) return;
+  replaying_ = true;
+  backend_->set_wait_runs_next(false);
+  std::deque<HeldCommand> queue;
+  queue.swap(held_);
+  held_streams_.clear();
+  held_signals_.clear();
+  ir::BatchWriter scratch(ir::BatchKind::kReplies);
+  ir::BatchWriter& out = out_ ? *out_ : scratch;
+  while (!queue.empty()) {
+    HeldCommand c = std::move(queue.front());
+    queue.pop_front();
+    if ((c.arrival && !c.arrival->came) || (Holding() && Blocked(c.keys))) {
+      Hold(std::move(c));
+      continue;
+    }
+    if (c.arrival) {
+      RunArrival(*c.arrival);
+      continue;
+    }
+    const ir::Record rec{c.header, c.payload};
+    if (Handler h = Table().Find(rec.header.opcode)) (this->*h)(rec, out);  // holds it again if it must
+  }
+  if (!scratch.empty()) log::Warn("held commands answered outside a batch: {} bytes of replies dropped", scratch.Finish().size());
+  replaying_ = false;
+}
+
+void Session::WaitUntil(const std::function<bool()>& ready) {
+  while (!ready()) {
+    {
+      std::unique_lock<std::mutex> lock(release_mu_);
+      release_cv_.wait(lock, [this] { return !releases_.empty(); });
+    }
+    TakeReleases();
+  }
+}
+
+BatchOutcome Session::RunReleased() {
+  BatchOutcome outcome;
+  ir::BatchWriter out(ir::BatchKind::kReplies);
+  out_ = &out;
+  DestroyFinishedImports();
+  TakeAsyncFailures();
+  TakeReleases();
+  out_ = nullptr;
+  if (!out.empty()) outcome.reply = WithOutput(out);
+  outcome.late = std::exchange(late_, {});
+  return outcome;
 }
 
 }  // namespace tandem::server

@@ -333,12 +333,20 @@ class Executor {
 
   void Start() {
     session_->set_waiter_idle([this] { return waiter_.Idle(); });
+    session_->set_wake([this] { Poke(); });
     waiter_.Start();
     thread_ = std::thread([this] { Loop(); });
   }
   void Push(std::vector<uint8_t> msg) {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.push_back(std::move(msg));
+    ready_.store(true, std::memory_order_release);
+    cv_.notify_one();
+  }
+  // Held commands were released (Session::RunReleased has work): any thread.
+  void Poke() {
+    std::lock_guard<std::mutex> lock(mu_);
+    poked_ = true;
     ready_.store(true, std::memory_order_release);
     cv_.notify_one();
   }
@@ -357,16 +365,23 @@ class Executor {
   void Loop() {
     for (;;) {
       std::vector<uint8_t> msg;
+      bool poked = false;
       SpinFor(ready_);
       {
         std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
-        if (queue_.empty()) return;
-        msg = std::move(queue_.front());
-        queue_.pop_front();
+        cv_.wait(lock, [this] { return stop_ || poked_ || !queue_.empty(); });
+        if (stop_ && queue_.empty()) return;
+        // A batch first: HandleBatch takes the releases too.
+        if (!queue_.empty()) {
+          msg = std::move(queue_.front());
+          queue_.pop_front();
+        } else {
+          poked = true;
+        }
+        poked_ = false;
         ready_.store(stop_ || !queue_.empty(), std::memory_order_relaxed);
       }
-      BatchOutcome out = session_->HandleBatch(msg);
+      BatchOutcome out = poked ? session_->RunReleased() : session_->HandleBatch(msg);
       const uint64_t run = session_->commands_run();
       if (inject_.exit_after && run >= inject_.exit_after) {
         log::Warn("fault injection: the worker dies after {} commands", run);
@@ -398,6 +413,7 @@ class Executor {
   std::atomic<bool> ready_{false};  // stop_ or queue_ not empty (written under mu_)
   Waiter waiter_;
   bool stop_ = false;
+  bool poked_ = false;
   std::atomic<bool> goodbye_{false};
   InjectOptions inject_;
   std::atomic<bool> stalled_{false};

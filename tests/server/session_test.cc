@@ -3,6 +3,11 @@
 // signal events, pings and output notifications.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <thread>
+
 #include "memory_backend.h"
 #include "tandem/server/session.h"
 
@@ -273,4 +278,151 @@ TEST(SessionWaitRunsNext, OnlyTheLastCommandWithAnIdleWaiter) {
 }
 
 }  // namespace
+}  // namespace tandem::server
+
+namespace tandem::server {
+namespace {
+
+// Another server, as a session's holding sees it: transfers and imports it answers when the
+// test says so.
+class FakePeers : public PeerLink {
+ public:
+  struct Expected {
+    std::shared_ptr<HostBuffer> into;
+    std::function<void(const Status&)> done;
+  };
+  std::map<uint64_t, Expected> expected;                       // by transfer
+  std::map<uint64_t, std::function<void(int32_t)>> imported;  // by token
+
+  Result<std::unique_ptr<BulkIO>> Source(uint64_t, uint64_t) override { return Status(Code::kUnimplemented, "fake"); }
+  Result<std::unique_ptr<BulkIO>> Sink(const std::string&, uint64_t, uint64_t) override {
+    return Status(Code::kUnimplemented, "fake");
+  }
+  void ExportDone(uint64_t, int32_t) override {}
+  Status Import(const std::string&, uint64_t token, std::function<void(int32_t)> done) override {
+    imported[token] = std::move(done);
+    return Status::Ok();
+  }
+  void Offer(uint64_t, uint64_t, Result<std::shared_ptr<HostBuffer>>) override {}
+  Status Expect(const std::string&, uint64_t transfer, std::shared_ptr<HostBuffer> into,
+                std::function<void(const Status&)> done) override {
+    expected[transfer] = Expected{std::move(into), std::move(done)};
+    return Status::Ok();
+  }
+  // The bytes of `transfer` come: all `fill`.
+  void Arrive(uint64_t transfer, uint8_t fill) {
+    Expected& x = expected.at(transfer);
+    std::fill_n(x.into->data(), x.into->size(), fill);
+    x.done(Status::Ok());
+  }
+};
+
+class SessionHoldTest : public SessionTest {
+ protected:
+  void SetUp() override {
+    session_.set_hold(true);
+    session_.set_peers(&peers_);
+    Attach();
+    ir::BatchWriter w(ir::BatchKind::kRequests);
+    w.AddRequest(ir::BufferAllocReq{1, 0, 16, 0, 0}, 2);
+    ASSERT_TRUE(Run(w).empty());
+  }
+  std::vector<uint8_t> Read(uint64_t stream, uint64_t seq) {
+    ir::BatchWriter w(ir::BatchKind::kRequests);
+    w.AddRequest(ir::BufferReadReq{stream, 1, 0, 16, {}, {}, 0}, seq);
+    auto r = Run(w);
+    EXPECT_EQ(r.size(), 1u);
+    if (r.size() != 1) return {};
+    EXPECT_TRUE(r[0].head.status.ok()) << r[0].head.status.ToString();
+    ir::BufferReadRep rep;
+    ir::Reader rd(r[0].fields);
+    EXPECT_TRUE(ir::Get(rd, &rep));
+    return rep.data;
+  }
+  int32_t Query(uint64_t event, uint64_t seq) {
+    ir::BatchWriter w(ir::BatchKind::kRequests);
+    w.AddRequest(ir::EventQueryReq{event}, seq);
+    auto r = Run(w);
+    EXPECT_EQ(r.size(), 1u);
+    ir::EventQueryRep q;
+    ir::Reader rd(r.at(0).fields);
+    EXPECT_TRUE(ir::Get(rd, &q));
+    return q.status;
+  }
+  FakePeers peers_;
+};
+
+std::vector<uint8_t> Bytes(std::initializer_list<std::pair<int, uint8_t>> runs) {
+  std::vector<uint8_t> v;
+  for (auto [n, b] : runs) v.insert(v.end(), n, b);
+  return v;
+}
+
+}  // namespace
+
+// A copy's destination half and what follows it on its stream stay in the session until the
+// bytes come, then run in program order; another stream goes on meanwhile.
+TEST_F(SessionHoldTest, StreamWaitsForTheBytesThenRunsInOrder) {
+  ir::BatchWriter w(ir::BatchKind::kRequests);
+  w.AddRequest(ir::PeerRecvReq{5, 1, 0, 4, "peer:1", 77, {}, 50}, 10);
+  w.AddRequest(ir::BufferFillReq{5, 1, 0, 8, {9}, {}, 51}, 11);         // after the write: wins on [0, 4)
+  w.AddRequest(ir::BufferWriteReq{6, 1, 12, 4, {1, 2, 3, 4}, {}, {}, 0}, 12);  // another stream
+  EXPECT_TRUE(Run(w).empty());
+  EXPECT_EQ(session_.held(), 2u);
+  EXPECT_EQ(Query(51, 13), ir::kEventQueued);
+  EXPECT_EQ(Read(6, 14), Bytes({{12, 0}, {1, 1}, {1, 2}, {1, 3}, {1, 4}}));
+  peers_.Arrive(77, 5);
+  EXPECT_TRUE(session_.RunReleased().reply.empty());
+  EXPECT_EQ(session_.held(), 0u);
+  EXPECT_EQ(Read(5, 15), Bytes({{8, 9}, {4, 0}, {1, 1}, {1, 2}, {1, 3}, {1, 4}}));
+  EXPECT_EQ(Query(50, 16), ir::kEventComplete);
+}
+
+// A command waiting on an imported event stays until the other server answers; a read that
+// needs it waits on the executor for the answer, and a free waits for what is held.
+TEST_F(SessionHoldTest, ImportHoldsItsWaitersAndAReadWaitsForTheAnswer) {
+  ir::BatchWriter w(ir::BatchKind::kRequests);
+  w.AddRequest(ir::EventImportReq{60, 0, "peer:1", 99}, 20);
+  w.AddRequest(ir::BufferFillReq{7, 1, 0, 16, {3}, {60}, 61}, 21);
+  w.AddRequest(ir::BufferAllocReq{2, 0, 16, 0, 0}, 22);
+  w.AddRequest(ir::BufferFreeReq{2}, 23);  // after the held fill
+  EXPECT_TRUE(Run(w).empty());
+  EXPECT_EQ(session_.held(), 2u);
+  ASSERT_TRUE(peers_.imported.contains(99));
+  std::thread answer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    peers_.imported.at(99)(0);
+  });
+  EXPECT_EQ(Read(7, 24), Bytes({{16, 3}}));  // blocks until the answer, then the fill ran
+  answer.join();
+  EXPECT_EQ(session_.held(), 0u);
+  w.AddRequest(ir::BufferFreeReq{2}, 25, ir::kRecordWantReply);
+  auto r = Run(w);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].head.status.code(), Code::kUnknownHandle);  // the held free ran
+  EXPECT_TRUE(r[0].head.deferred.empty());
+}
+
+// Bytes that never come fail the write and its signal, and so what waits on it; both are
+// reported with the next reply.
+TEST_F(SessionHoldTest, FailedTransferFailsItsSignalAndItsWaiters) {
+  ir::BatchWriter w(ir::BatchKind::kRequests);
+  w.AddRequest(ir::PeerRecvReq{5, 1, 0, 4, "peer:1", 78, {}, 70}, 30);
+  w.AddRequest(ir::BufferFillReq{8, 1, 8, 8, {4}, {70}, 71}, 31);
+  EXPECT_TRUE(Run(w).empty());
+  EXPECT_EQ(session_.held(), 2u);
+  peers_.expected.at(78).done(Status(Code::kLinkLost, "the source server is gone"));
+  session_.RunReleased();
+  EXPECT_EQ(session_.held(), 0u);
+  w.AddRequest(ir::DeviceSyncReq{0}, 32);
+  auto r = Run(w);
+  ASSERT_EQ(r.size(), 1u);
+  ASSERT_EQ(r[0].head.deferred.size(), 2u);
+  EXPECT_EQ(r[0].head.deferred[0].seq, 30u);
+  EXPECT_EQ(r[0].head.deferred[0].signal, 70u);
+  EXPECT_NE(r[0].head.deferred[1].message.find("waits on event 70"), std::string::npos);
+  EXPECT_LT(Query(71, 33), 0);
+  EXPECT_EQ(Read(5, 34), Bytes({{16, 0}}));  // nothing was written
+}
+
 }  // namespace tandem::server

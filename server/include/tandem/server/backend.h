@@ -93,6 +93,12 @@ class Backend {
   // act and block on nothing after it (OpenCL's FinishLater does).
   void set_wait_runs_next(bool next) { wait_runs_next_ = next; }
 
+  // Whether the session should keep commands that wait on another server out of the backend
+  // until that server has answered (Session's holding), instead of enqueueing them behind a
+  // stand-in the backend completes later (WriteFromHost's gate, an imported user event). For
+  // an implementation that submits what waits on such a stand-in late: NVIDIA's OpenCL.
+  virtual bool HoldsForPeers() const { return false; }
+
   // The source end of a cross-server event wait (ir EventExport): arranges for done(status)
   // to run exactly once, on any thread, when `event` completes (0) or fails (negative),
   // without blocking the caller. An event that was never signalled is complete.

@@ -9,9 +9,12 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <condition_variable>
+#include <deque>
 #include <optional>
 #include <span>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "tandem/ir/codec.h"
@@ -112,6 +115,22 @@ class Session {
   // Told how long the client wants the worker's threads to keep looking for messages before
   // they sleep (Warm's spin_us; capped).
   void set_spin_hook(std::function<void(uint32_t spin_us)> hook) { spin_hook_ = std::move(hook); }
+  // Holding (session_hold.cc): with it, a command that waits on another server (an imported
+  // event not answered yet, a server-to-server copy's bytes not here yet), and every command
+  // after it on its stream or waiting on its signal, stays in the session until that server
+  // has answered; then the session hands them to the backend in order. A command that wants a
+  // reply waits for that on the executor. The backend decides (Backend::HoldsForPeers);
+  // tandemd's TANDEM_SERVER_HOLD=0/1 overrides it.
+  void set_hold(bool hold) { hold_ = hold; }
+  bool hold() const { return hold_; }
+  // Tells the executor's thread that RunReleased has work (any thread calls it).
+  void set_wake(std::function<void()> wake) { wake_ = std::move(wake); }
+  // Runs what other threads released for held commands, then the held commands that can go
+  // now; on the executor's thread (HandleBatch does it too, first).
+  BatchOutcome RunReleased();
+  // Commands held now (tests).
+  size_t held() const { return held_.size(); }
+
   // Whether the thread that runs BatchOutcome::late has nothing left to run (any thread may
   // ask; only HandleBatch's caller gives it work). Unset: never idle.
   void set_waiter_idle(std::function<bool()> idle) { waiter_idle_ = std::move(idle); }
@@ -129,6 +148,48 @@ class Session {
     Status status;
     int32_t event_status = -1;
   };
+
+  // ---- holding (session_hold.cc; Blocked in session.cc) ----
+  // A PeerRecv's write, run once its bytes came (or failed) and nothing before it holds it.
+  struct Arrival {
+    ir::PeerRecvReq req;
+    uint64_t seq = 0;
+    std::shared_ptr<HostBuffer> bytes;
+    bool came = false;  // set on the executor, from a release
+    Status status;
+  };
+  // What holding looks at in a command (KeysOf): its stream, the events it waits on or
+  // names, its signal, and whether it ends objects (or syncs a whole device).
+  struct HoldKeys {
+    uint64_t stream = 0;
+    bool has_stream = false;
+    uint64_t signal = 0;
+    bool ends_objects = false;
+    std::vector<uint64_t> events;
+  };
+  struct HeldCommand {
+    ir::RecordHeader header;
+    std::vector<uint8_t> payload;      // a record, run again through its handler
+    std::shared_ptr<Arrival> arrival;  // or a PeerRecv's write
+    HoldKeys keys;
+  };
+  bool Holding() const { return hold_ && (!held_.empty() || !unanswered_.empty()); }
+  bool Pending(uint64_t event) const {
+    return event != 0 && (held_signals_.contains(event) || unanswered_.contains(event));
+  }
+  template <class Req>
+  static HoldKeys KeysOf(const Req& req);
+  bool Blocked(const HoldKeys& keys) const;
+  void Hold(HeldCommand command);
+  Status HoldArrival(const ir::PeerRecvReq& req);
+  void RunArrival(Arrival& a);
+  // Queues `fn` for the executor (any thread) and wakes it.
+  void PostRelease(std::function<void()> fn);
+  // Runs the posted releases, then Replay. Executor only.
+  void TakeReleases();
+  void Replay();
+  // Blocks the executor, taking releases as they come, until `ready` holds.
+  void WaitUntil(const std::function<bool()>& ready);
 
   template <class Req>
   Status Execute(const Req& req, typename Req::Reply* rep);
@@ -198,6 +259,20 @@ class Session {
   std::vector<ir::AsyncError> deferred_;
   uint64_t deferred_dropped_ = 0;
   std::unordered_map<uint64_t, FailedEvent> failed_events_;
+  // Holding (see set_hold). Executor only, except the release queue.
+  bool hold_ = false;
+  std::deque<HeldCommand> held_;
+  std::unordered_set<uint64_t> held_streams_;  // streams with a held command
+  std::unordered_set<uint64_t> held_signals_;  // signals of held commands
+  std::unordered_set<uint64_t> unanswered_;    // imported events whose server has not answered
+  bool replaying_ = false;
+  uint64_t current_seq_ = 0;  // the record being run
+  ir::BatchWriter* out_ = nullptr;  // the replies of the batch being run (held commands' errors)
+  std::mutex release_mu_;
+  std::condition_variable release_cv_;
+  std::vector<std::function<void()>> releases_;
+  std::atomic<bool> releases_due_{false};
+  std::function<void()> wake_;
   std::vector<LateReply> late_;
   // Stand-ins of imported events not completed yet -> whether the client destroyed them.
   std::mutex imports_mu_;
