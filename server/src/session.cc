@@ -358,15 +358,21 @@ void Session::RefuseBrokerCommand(const ir::Record& rec, ir::BatchWriter& out) {
 // Every command that is not a session command goes to the backend. Commands that wait on
 // an event whose command failed fail the same way, and a command's signal remembers its
 // failure so EventQuery/EventWait can report it.
+Status Session::FailedWait(const ir::u64s& wait) const {
+  for (uint64_t e : wait) {
+    auto it = failed_events_.find(e);
+    if (it == failed_events_.end()) continue;
+    return Status(it->second.status.code(),
+                  fmt::format("waits on event {}, whose command failed: {}", e, it->second.status.message()),
+                  it->second.status.native(), it->second.status.api());
+  }
+  return Status::Ok();
+}
+
 template <class Req>
 Status Session::Execute(const Req& req, typename Req::Reply* rep) {
   if constexpr (requires { req.wait; }) {
-    for (uint64_t e : req.wait) {
-      auto it = failed_events_.find(e);
-      if (it == failed_events_.end()) continue;
-      Status st(it->second.status.code(), fmt::format("waits on event {}, whose command failed: {}", e,
-                                                      it->second.status.message()),
-                it->second.status.native(), it->second.status.api());
+    if (Status st = FailedWait(req.wait); !st.ok()) {
       if constexpr (requires { req.signal; }) NoteSignal(req.signal, st);
       return st;
     }
@@ -826,14 +832,15 @@ std::vector<ir::AsyncError> Session::TakeDeferred() {
 
 namespace {
 // A PeerRecv's bytes while they wait for their turn (holding).
-class VectorBuffer final : public HostBuffer {
+class ArrivalBuffer final : public HostBuffer {
  public:
-  explicit VectorBuffer(size_t n) : bytes_(n) {}
-  uint8_t* data() override { return bytes_.data(); }
-  size_t size() const override { return bytes_.size(); }
+  explicit ArrivalBuffer(size_t n) : bytes_(new uint8_t[n]), size_(n) {}  // not zeroed: the transfer fills it
+  uint8_t* data() override { return bytes_.get(); }
+  size_t size() const override { return size_; }
 
  private:
-  std::vector<uint8_t> bytes_;
+  std::unique_ptr<uint8_t[]> bytes_;
+  size_t size_;
 };
 }  // namespace
 
@@ -852,7 +859,7 @@ Status Session::HoldArrival(const ir::PeerRecvReq& req) {
   auto a = std::make_shared<Arrival>();
   a->req = req;
   a->seq = current_seq_;
-  a->bytes = Counted(std::make_shared<VectorBuffer>(req.size), async_bytes_);
+  a->bytes = Counted(std::make_shared<ArrivalBuffer>(req.size), async_bytes_);
   Hold(HeldCommand{ir::RecordHeader{.opcode = static_cast<uint16_t>(ir::Opcode::kPeerRecv), .seq = current_seq_}, {}, a,
                    KeysOf(req)});
   Status st = peers_->Expect(req.peer, req.transfer, a->bytes,
@@ -873,22 +880,17 @@ Status Session::HoldArrival(const ir::PeerRecvReq& req) {
 
 void Session::RunArrival(Arrival& a) {
   Status st = a.status;
-  if (st.ok()) {
-    const uint8_t* p = a.bytes->data();
-    ir::BufferWriteReq write{.stream = a.req.stream, .buffer = a.req.buffer, .offset = a.req.offset,
-                             .size = a.req.size, .data = ir::bytes(p, p + a.req.size), .remote = {},
-                             .wait = a.req.wait, .signal = a.req.signal};
-    ir::BufferWriteRep unused;
-    st = Execute(write, &unused);  // its wait list's failures, the backend, the signal
-    if (auto wait = backend_->TakeDeferredReply()) {
-      Status done = wait();
-      if (st.ok()) st = done;
-    }
-  } else {
-    NoteSignal(a.req.signal, st);
+  if (st.ok()) st = FailedWait(a.req.wait);
+  // The backend keeps the bytes (and so their place in the budget) until it has read them.
+  if (st.ok()) st = backend_->WriteHostBytes(a.req.stream, a.req.buffer, a.req.offset, a.req.wait, a.req.signal,
+                                             std::move(a.bytes));
+  if (auto wait = backend_->TakeDeferredReply()) {
+    Status done = wait();
+    if (st.ok()) st = done;
   }
+  NoteSignal(a.req.signal, st);
   log::Trace("s2s recv {:#x}: written: {}", a.req.transfer, st.ToString());
-  a.bytes.reset();  // back to the budget
+  a.bytes.reset();
   if (!st.ok()) {
     ir::Record rec;
     rec.header.opcode = static_cast<uint16_t>(ir::Opcode::kPeerRecv);

@@ -280,6 +280,9 @@ class OpenCLBackend : public Backend {
                     uint64_t signal, std::function<void(Result<std::shared_ptr<HostBuffer>>)> done) override;
   Result<PendingWrite> WriteFromHost(uint64_t stream, uint64_t buffer, uint64_t offset, uint64_t size,
                                      const ir::u64s& wait, uint64_t signal) override;
+  // A non-blocking write straight from `bytes`, kept until the write's event is done.
+  Status WriteHostBytes(uint64_t stream, uint64_t buffer, uint64_t offset, const ir::u64s& wait, uint64_t signal,
+                        std::shared_ptr<HostBuffer> bytes) override;
   // Mapped host memory of device 0's context (CL_MEM_ALLOC_HOST_PTR), which NVIDIA's
   // OpenCL reads into and writes from by DMA, without a copy of its own.
   Result<std::shared_ptr<HostBuffer>> BulkStaging(size_t n) override;

@@ -17,6 +17,11 @@ bool HasRemote(const ir::Region& r) { return r.key != 0 || r.len != 0; }
 // The bytes of an inline write live until OpenCL is done with them (non-blocking write).
 void CL_CALLBACK FreeHostCopy(cl_event, cl_int, void* data) { delete static_cast<std::vector<uint8_t>*>(data); }
 
+// The host bytes of a held server-to-server write, kept until OpenCL is done with them.
+void CL_CALLBACK ReleaseHostBytes(cl_event, cl_int, void* data) {
+  delete static_cast<std::shared_ptr<HostBuffer>*>(data);
+}
+
 // The bytes a rectangle touches, from OpenCL's formula (pitch 0 = tightly packed):
 // the last one is at (o2+r2-1)*slice + (o1+r1-1)*row + o0+r0-1. Overflow-safe.
 Status CheckRect(const ir::u64s& origin, const ir::u64s& region, uint64_t row, uint64_t slice, uint64_t size,
@@ -94,6 +99,34 @@ Status OpenCLBackend::WriteInline(const ir::BufferWriteReq& req, Buffer& b, Enqu
     }
   }
   Complete(e);
+  return Status::Ok();
+}
+
+Status OpenCLBackend::WriteHostBytes(uint64_t stream, uint64_t buffer, uint64_t offset, const ir::u64s& wait,
+                                     uint64_t signal, std::shared_ptr<HostBuffer> bytes) {
+  auto b = Find(buffers_, buffer, "buffer");
+  if (!b.ok()) return b.status();
+  const uint64_t size = bytes->size();
+  TANDEM_RETURN_IF_ERROR(CheckRange(*b.value(), buffer, offset, size));
+  Enqueue e;
+  TANDEM_RETURN_IF_ERROR(Prepare(stream, b.value()->device, wait, signal, &e));
+  cl_int err = clEnqueueWriteBuffer(e.queue, b.value()->mem.get(), CL_FALSE, offset, size, bytes->data(),
+                                    e.num_wait(), e.wait_list(), e.event_out(true));
+  if (err != CL_SUCCESS) return ClError(err, "clEnqueueWriteBuffer", "a server-to-server copy's bytes");
+  auto keep = std::make_unique<std::shared_ptr<HostBuffer>>(std::move(bytes));
+  err = clSetEventCallback(e.done, CL_COMPLETE, ReleaseHostBytes, keep.get());
+  if (err == CL_SUCCESS) {
+    keep.release();  // owned by the callback now
+  } else {
+    cl_int werr = clWaitForEvents(1, &e.done);  // the bytes must outlive the write
+    if (werr != CL_SUCCESS) {
+      clReleaseEvent(e.done);
+      e.done = nullptr;
+      return ClError(werr, "clWaitForEvents", "a server-to-server copy's bytes");
+    }
+  }
+  Complete(e);
+  clFlush(e.queue);
   return Status::Ok();
 }
 

@@ -123,6 +123,19 @@ class Backend {
     return Status(Code::kUnimplemented, "asynchronous transfers are not supported by the " + name() + " backend");
   }
 
+  // Holding's write of a server-to-server copy whose bytes came (Session's PeerRecv when it
+  // holds): in stream order after `wait`, signalling `signal`, from `bytes`, which the backend
+  // keeps until it has read them. The default copies them into an ordinary BufferWrite.
+  virtual Status WriteHostBytes(uint64_t stream, uint64_t buffer, uint64_t offset, const ir::u64s& wait,
+                                uint64_t signal, std::shared_ptr<HostBuffer> bytes) {
+    const uint8_t* p = bytes->data();
+    ir::BufferWriteRep unused;
+    return OnBufferWrite(ir::BufferWriteReq{.stream = stream, .buffer = buffer, .offset = offset,
+                                            .size = bytes->size(), .data = ir::bytes(p, p + bytes->size()),
+                                            .remote = {}, .wait = wait, .signal = signal},
+                         &unused);
+  }
+
   // Urgent commands (ir::kUrgent; today OnUserEventSet) are called from the worker's receive
   // thread while the executor may be inside any other method: they must be thread-safe.
 #define X(op, Name, flags, req, rep)                                   \

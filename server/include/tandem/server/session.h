@@ -180,6 +180,8 @@ class Session {
   template <class Req>
   static HoldKeys KeysOf(const Req& req);
   bool Blocked(const HoldKeys& keys) const;
+  // The failure of the first event of `wait` whose command failed (Ok if none).
+  Status FailedWait(const ir::u64s& wait) const;
   void Hold(HeldCommand command);
   Status HoldArrival(const ir::PeerRecvReq& req);
   void RunArrival(Arrival& a);
