@@ -609,6 +609,7 @@ Status Session::Call(const ir::EventExportReq& req, ir::EventExportRep*) {
 Status Session::Call(const ir::EventImportReq& req, ir::EventImportRep*) {
   if (!peers_) return Status(Code::kUnimplemented, "EventImport: this session has no server-to-server transport");
   if (req.token == 0) return Status::Invalid("EventImport: token 0");
+  if (hold_) return HoldImport(req);
   ir::EventCreateRep created;
   TANDEM_RETURN_IF_ERROR(
       backend_->OnEventCreate(ir::EventCreateReq{.event = req.event, .device = req.device, .flags = ir::kEventUser},
@@ -618,22 +619,13 @@ Status Session::Call(const ir::EventImportReq& req, ir::EventImportRep*) {
     imports_pending_[req.event] = false;
   }
   const uint64_t event = req.event;
-  // Holding: what waits on the stand-in stays here until the answer, which the executor sets.
-  if (hold_) unanswered_.insert(event);
-  Status st = peers_->Import(req.peer, req.token, [this, event, token = req.token, hold = hold_,
+  Status st = peers_->Import(req.peer, req.token, [this, event, token = req.token,
                                                    since = std::chrono::steady_clock::now()](int32_t status) {
     if (profile_) profile_->Add("~EventImport answered", std::chrono::steady_clock::now() - since);
     log::Trace("event import {:#x}: answered", token);
-    if (!hold) return CompleteImport(event, status);
-    PostRelease([this, event, status] {
-      unanswered_.erase(event);
-      CompleteImport(event, status);
-    });
+    CompleteImport(event, status);
   });
-  if (!st.ok()) {  // what waits on it fails instead of hanging
-    unanswered_.erase(event);
-    CompleteImport(event, FailedEventStatus(st));
-  }
+  if (!st.ok()) CompleteImport(event, FailedEventStatus(st));  // what waits on it fails instead of hanging
   return st;
 }
 
@@ -876,6 +868,35 @@ Status Session::HoldArrival(const ir::PeerRecvReq& req) {
     a->status = st;
   }
   return Status::Ok();
+}
+
+// Holding's import: the stand-in is a plain event that was never signalled (complete to the
+// backend), so no command ever waits on a user event for it: what waits on it stays held until
+// the answer, and a failure answered fails it here, as a failed command's signal fails.
+Status Session::HoldImport(const ir::EventImportReq& req) {
+  ir::EventCreateRep created;
+  TANDEM_RETURN_IF_ERROR(
+      backend_->OnEventCreate(ir::EventCreateReq{.event = req.event, .device = req.device, .flags = 0}, &created));
+  const uint64_t event = req.event;
+  unanswered_.insert(event);
+  failed_events_.erase(event);
+  const Api api = backend_->name().starts_with("opencl") ? Api::kOpenCL : Api::kNone;
+  auto answer = [this, event, api](int32_t status) {
+    unanswered_.erase(event);
+    if (status >= 0) return;
+    failed_events_[event] = FailedEvent{
+        Status(Code::kApiError, fmt::format("its command failed on the server it was imported from (status {})", status),
+               status, api),
+        status};
+  };
+  Status st = peers_->Import(req.peer, req.token, [this, answer, token = req.token,
+                                                   since = std::chrono::steady_clock::now()](int32_t status) {
+    if (profile_) profile_->Add("~EventImport answered", std::chrono::steady_clock::now() - since);
+    log::Trace("event import {:#x}: answered", token);
+    PostRelease([answer, status] { answer(status); });
+  });
+  if (!st.ok()) answer(FailedEventStatus(st));  // what waits on it fails instead of hanging
+  return st;
 }
 
 void Session::RunArrival(Arrival& a) {

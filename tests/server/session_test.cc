@@ -426,3 +426,30 @@ TEST_F(SessionHoldTest, FailedTransferFailsItsSignalAndItsWaiters) {
 }
 
 }  // namespace tandem::server
+
+namespace tandem::server {
+
+// An import answered with a failure fails what waited on it, as a failed command's signal
+// does, and answers queries with the other server's status.
+TEST_F(SessionHoldTest, FailedImportFailsItsWaiters) {
+  ir::BatchWriter w(ir::BatchKind::kRequests);
+  w.AddRequest(ir::EventImportReq{62, 0, "peer:1", 98}, 40);
+  w.AddRequest(ir::BufferFillReq{9, 1, 0, 16, {6}, {62}, 63}, 41);
+  EXPECT_TRUE(Run(w).empty());
+  EXPECT_EQ(session_.held(), 1u);
+  EXPECT_EQ(Query(62, 42), ir::kEventQueued);
+  peers_.imported.at(98)(-5);
+  session_.RunReleased();
+  EXPECT_EQ(session_.held(), 0u);
+  w.AddRequest(ir::DeviceSyncReq{0}, 43);
+  auto r = Run(w);
+  ASSERT_EQ(r.size(), 1u);
+  ASSERT_EQ(r[0].head.deferred.size(), 1u);
+  EXPECT_EQ(r[0].head.deferred[0].seq, 41u);
+  EXPECT_NE(r[0].head.deferred[0].message.find("waits on event 62"), std::string::npos);
+  EXPECT_EQ(Query(62, 44), -5);
+  EXPECT_LT(Query(63, 45), 0);
+  EXPECT_EQ(Read(9, 46), Bytes({{16, 0}}));  // the fill never ran
+}
+
+}  // namespace tandem::server

@@ -184,6 +184,7 @@ class Session {
   Status FailedWait(const ir::u64s& wait) const;
   void Hold(HeldCommand command);
   Status HoldArrival(const ir::PeerRecvReq& req);
+  Status HoldImport(const ir::EventImportReq& req);
   void RunArrival(Arrival& a);
   // Queues `fn` for the executor (any thread) and wakes it.
   void PostRelease(std::function<void()> fn);
