@@ -349,6 +349,14 @@ class SessionHoldTest : public SessionTest {
     EXPECT_TRUE(ir::Get(rd, &q));
     return q.status;
   }
+  // The deferred errors a device synchronize's reply carries.
+  std::vector<ir::AsyncError> Deferred(uint64_t seq) {
+    ir::BatchWriter w(ir::BatchKind::kRequests);
+    w.AddRequest(ir::DeviceSyncReq{0}, seq);
+    auto r = Run(w);
+    EXPECT_EQ(r.size(), 1u);
+    return r.empty() ? std::vector<ir::AsyncError>{} : r[0].head.deferred;
+  }
   FakePeers peers_;
 };
 
@@ -414,20 +422,14 @@ TEST_F(SessionHoldTest, FailedTransferFailsItsSignalAndItsWaiters) {
   peers_.expected.at(78).done(Status(Code::kLinkLost, "the source server is gone"));
   session_.RunReleased();
   EXPECT_EQ(session_.held(), 0u);
-  w.AddRequest(ir::DeviceSyncReq{0}, 32);
-  auto r = Run(w);
-  ASSERT_EQ(r.size(), 1u);
-  ASSERT_EQ(r[0].head.deferred.size(), 2u);
-  EXPECT_EQ(r[0].head.deferred[0].seq, 30u);
-  EXPECT_EQ(r[0].head.deferred[0].signal, 70u);
-  EXPECT_NE(r[0].head.deferred[1].message.find("waits on event 70"), std::string::npos);
+  auto d = Deferred(32);
+  ASSERT_EQ(d.size(), 2u);
+  EXPECT_EQ(d[0].seq, 30u);
+  EXPECT_EQ(d[0].signal, 70u);
+  EXPECT_NE(d[1].message.find("waits on event 70"), std::string::npos);
   EXPECT_LT(Query(71, 33), 0);
   EXPECT_EQ(Read(5, 34), Bytes({{16, 0}}));  // nothing was written
 }
-
-}  // namespace tandem::server
-
-namespace tandem::server {
 
 // An import answered with a failure fails what waited on it, as a failed command's signal
 // does, and answers queries with the other server's status.
@@ -441,12 +443,10 @@ TEST_F(SessionHoldTest, FailedImportFailsItsWaiters) {
   peers_.imported.at(98)(-5);
   session_.RunReleased();
   EXPECT_EQ(session_.held(), 0u);
-  w.AddRequest(ir::DeviceSyncReq{0}, 43);
-  auto r = Run(w);
-  ASSERT_EQ(r.size(), 1u);
-  ASSERT_EQ(r[0].head.deferred.size(), 1u);
-  EXPECT_EQ(r[0].head.deferred[0].seq, 41u);
-  EXPECT_NE(r[0].head.deferred[0].message.find("waits on event 62"), std::string::npos);
+  auto d = Deferred(43);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].seq, 41u);
+  EXPECT_NE(d[0].message.find("waits on event 62"), std::string::npos);
   EXPECT_EQ(Query(62, 44), -5);
   EXPECT_LT(Query(63, 45), 0);
   EXPECT_EQ(Read(9, 46), Bytes({{16, 0}}));  // the fill never ran
