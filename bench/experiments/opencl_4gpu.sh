@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The 4-device OpenCL workloads where each tandemd has a GPU of its own (a 4-GPU machine):
+# natively, one process and one context holding the four GPUs (the issue's baseline); through
+# Tandem, four tandemd, server i seeing GPU i alone (CUDA_VISIBLE_DEVICES=i), halos server to
+# server. Alternating rounds; every step bounded in time. From the repository root:
+#   bash bench/experiments/opencl_4gpu.sh [ROUNDS] [BUILD_DIR] [LOG]   (NO_BUILD=1: built)
+# Lines go to LOG as they come (default /dev/stdout).
+set -u
+ROUNDS=${1:-2}
+BLD=${2:-/tmp/tandem-4gpu}
+LOG=${3:-/dev/stdout}
+say() { echo "$*" >>"$LOG"; }
+source bench/experiments/lib.sh
+W=$BLD-work
+mkdir -p "$W"
+say "== $(nvidia-smi -L 2>/dev/null | wc -l) GPU(s): $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | sort | uniq -c | tr '\n' ' ')"
+if [[ ${NO_BUILD:-0} != 1 ]]; then
+  timeout 300 bash -c "source bench/experiments/lib.sh; build_tree . '$BLD' '$W' 4gpu \
+    'tandemd tandem tandem_opencl advection multi_matmul' -DTANDEM_CUDA_PROGRAMS=OFF" || { say "build failed"; exit 1; }
+  say "built"
+fi
+experiment_env "$W"
+declare -A addr
+for i in 0 1 2 3; do
+  export CUDA_VISIBLE_DEVICES=$i
+  start_server_as "g$i" "$BLD/server/tandemd" opencl "$W/tandemd-$i.log"
+done
+unset CUDA_VISIBLE_DEVICES
+four=${addr[g0]},${addr[g1]},${addr[g2]},${addr[g3]}
+sleep 2
+run() {  # run native|tandem PROGRAM ARGS...: "time digest"
+  local how=$1 prog=$2 out t sum
+  shift 2
+  if [[ $how == native ]]; then
+    out=$(OCL_ICD_VENDORS=$vendors OCL_ICD_FILENAMES=$libs timeout 60 "$BLD/examples/opencl/$prog" --devices 4 "$@" 2>&1)
+  else
+    out=$(timeout 60 "$BLD/tools/tandem" run --servers "$four" -- "$BLD/examples/opencl/$prog" --devices 4 "$@" 2>&1)
+  fi
+  t=$(sed -n 's/^time: .*(\([0-9.]*\) ms\/step).*/\1/p; s/^time: \([0-9.]*\) s.*/\1/p' <<<"$out" | head -1)
+  sum=$(grep -E '^(advection: checksum|multi_matmul:)' <<<"$out" | grep -v time | md5sum | cut -c1-8)
+  local where
+  where=$(grep -m1 '^time: platform' <<<"$out" | sed 's/^time: //')
+  if [[ -z $t ]]; then echo "FAILED($(tail -2 <<<"$out" | tr '\n' ' '))"; else echo "$t $sum [$where]"; fi
+}
+rows=("advection --n 1024 --steps 200 --no-check" "advection --n 8192 --steps 100 --no-check"
+      "advection --n 16384 --steps 50 --no-check" "multi_matmul --n 8192")
+for row in "${rows[@]}"; do
+  say "== $row (ms/step or s), $ROUNDS rounds"
+  for ((r = 1; r <= ROUNDS; ++r)); do
+    # shellcheck disable=SC2086 # row is a list of arguments
+    say "native: $(run native $row)"
+    # shellcheck disable=SC2086
+    say "tandem: $(run tandem $row)"
+  done
+done
+say "== done"
