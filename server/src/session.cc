@@ -71,11 +71,13 @@ Session::Session(Backend* backend, uint64_t session_key, bool defer_replies)
     : backend_(backend), session_key_(session_key) {
   backend_->AllowDeferredReplies(defer_replies);
   profile_ = Profile::FromEnv();
+  // Only where the backend asks for it: CUDA's legacy default stream, which waits for every
+  // other stream, is not modelled by holding's per-stream order.
   hold_ = backend_->HoldsForPeers();
   if (const char* v = std::getenv("TANDEM_SERVER_HOLD"); v && *v) {
-    if (std::string_view(v) == "0" || std::string_view(v) == "1")
-      hold_ = *v == '1';
-    else
+    if (std::string_view(v) == "0")
+      hold_ = false;
+    else if (std::string_view(v) != "1")
       log::Warn("TANDEM_SERVER_HOLD={}: not 0 or 1; holding stays {}", v, hold_ ? "on" : "off");
   }
   if (const char* v = std::getenv("TANDEM_ASYNC_PEER_BYTES"); v && *v) {

@@ -120,7 +120,7 @@ class Session {
   // after it on its stream or waiting on its signal, stays in the session until that server
   // has answered; then the session hands them to the backend in order. A command that wants a
   // reply waits for that on the executor. The backend decides (Backend::HoldsForPeers);
-  // tandemd's TANDEM_SERVER_HOLD=0/1 overrides it.
+  // tandemd's TANDEM_SERVER_HOLD=0 turns it off.
   void set_hold(bool hold) { hold_ = hold; }
   bool hold() const { return hold_; }
   // Tells the executor's thread that RunReleased has work (any thread calls it).
