@@ -552,8 +552,8 @@ Status Session::Call(const ir::PeerSendReq& req, ir::PeerSendRep*) {
 Status Session::Call(const ir::PeerRecvReq& req, ir::PeerRecvRep*) {
   if (!peers_) return Status(Code::kUnimplemented, "PeerRecv: this session has no server-to-server transport");
   if (req.size == 0) return Status::Invalid("PeerRecv: empty transfer");
-  if (hold_ && req.size <= async_peer_bytes_ && TakeAsyncBytes(req.size)) return HoldArrival(req);
-  if (!hold_ && req.size <= async_peer_bytes_ && TakeAsyncBytes(req.size)) {
+  if (req.size <= async_peer_bytes_ && TakeAsyncBytes(req.size)) {
+    if (hold_) return HoldArrival(req);
     // The write is enqueued now and held until the bytes are here; this thread goes on.
     log::Trace("s2s recv {:#x}: {} bytes into buffer {:#x} at {}", req.transfer, req.size, req.buffer, req.offset);
     auto pending = backend_->WriteFromHost(req.stream, req.buffer, req.offset, req.size, req.wait, req.signal);
@@ -621,14 +621,19 @@ Status Session::Call(const ir::EventImportReq& req, ir::EventImportRep*) {
     imports_pending_[req.event] = false;
   }
   const uint64_t event = req.event;
-  Status st = peers_->Import(req.peer, req.token, [this, event, token = req.token,
-                                                   since = std::chrono::steady_clock::now()](int32_t status) {
-    if (profile_) profile_->Add("~EventImport answered", std::chrono::steady_clock::now() - since);
-    log::Trace("event import {:#x}: answered", token);
-    CompleteImport(event, status);
-  });
+  Status st = ImportFrom(req, [this, event](int32_t status) { CompleteImport(event, status); });
   if (!st.ok()) CompleteImport(event, FailedEventStatus(st));  // what waits on it fails instead of hanging
   return st;
+}
+
+// Asks the event's server for it; `answered` runs on the receive thread with its answer.
+Status Session::ImportFrom(const ir::EventImportReq& req, std::function<void(int32_t status)> answered) {
+  return peers_->Import(req.peer, req.token, [this, answered = std::move(answered), token = req.token,
+                                              since = std::chrono::steady_clock::now()](int32_t status) {
+    if (profile_) profile_->Add("~EventImport answered", std::chrono::steady_clock::now() - since);
+    log::Trace("event import {:#x}: answered", token);
+    answered(status);
+  });
 }
 
 void Session::CompleteImport(uint64_t event, int32_t status) {
@@ -824,20 +829,6 @@ std::vector<ir::AsyncError> Session::TakeDeferred() {
 
 // ---- holding ----------------------------------------------------------------------------
 
-namespace {
-// A PeerRecv's bytes while they wait for their turn (holding).
-class ArrivalBuffer final : public HostBuffer {
- public:
-  explicit ArrivalBuffer(size_t n) : bytes_(new uint8_t[n]), size_(n) {}  // not zeroed: the transfer fills it
-  uint8_t* data() override { return bytes_.get(); }
-  size_t size() const override { return size_; }
-
- private:
-  std::unique_ptr<uint8_t[]> bytes_;
-  size_t size_;
-};
-}  // namespace
-
 void Session::Hold(HeldCommand command) {
   if (!replaying_ && log::TraceEnabled())
     log::Trace("held #{} {}", command.header.seq, ir::CommandName(command.header.opcode));
@@ -853,7 +844,7 @@ Status Session::HoldArrival(const ir::PeerRecvReq& req) {
   auto a = std::make_shared<Arrival>();
   a->req = req;
   a->seq = current_seq_;
-  a->bytes = Counted(std::make_shared<ArrivalBuffer>(req.size), async_bytes_);
+  a->bytes = Counted(std::make_shared<HeapHostBuffer>(req.size), async_bytes_);
   Hold(HeldCommand{ir::RecordHeader{.opcode = static_cast<uint16_t>(ir::Opcode::kPeerRecv), .seq = current_seq_}, {}, a,
                    KeysOf(req)});
   Status st = peers_->Expect(req.peer, req.transfer, a->bytes,
@@ -891,12 +882,7 @@ Status Session::HoldImport(const ir::EventImportReq& req) {
                status, api),
         status};
   };
-  Status st = peers_->Import(req.peer, req.token, [this, answer, token = req.token,
-                                                   since = std::chrono::steady_clock::now()](int32_t status) {
-    if (profile_) profile_->Add("~EventImport answered", std::chrono::steady_clock::now() - since);
-    log::Trace("event import {:#x}: answered", token);
-    PostRelease([answer, status] { answer(status); });
-  });
+  Status st = ImportFrom(req, [this, answer](int32_t status) { PostRelease([answer, status] { answer(status); }); });
   if (!st.ok()) answer(FailedEventStatus(st));  // what waits on it fails instead of hanging
   return st;
 }

@@ -23,18 +23,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Host memory of an asynchronous transfer (plain: only blocking OpenCL calls touch it).
-class PlainHostBuffer final : public HostBuffer {
- public:
-  explicit PlainHostBuffer(size_t n) : bytes_(new uint8_t[n]), size_(n) {}
-  uint8_t* data() override { return bytes_.get(); }
-  size_t size() const override { return size_; }
-
- private:
-  std::unique_ptr<uint8_t[]> bytes_;
-  size_t size_;
-};
-
 // Host memory the implementation can reach by DMA (CL_MEM_ALLOC_HOST_PTR: pinned on NVIDIA's),
 // kept mapped for its whole life, with a queue of its own for the map and the unmap.
 class MappedHostBuffer final : public HostBuffer {
@@ -277,7 +265,7 @@ Status OpenCLBackend::ReadToHost(uint64_t stream, uint64_t buffer, uint64_t offs
   TANDEM_RETURN_IF_ERROR(CheckRange(*b.value(), buffer, offset, size));
   Enqueue e;
   TANDEM_RETURN_IF_ERROR(Prepare(stream, b.value()->device, wait, signal, &e));
-  auto host = std::make_shared<PlainHostBuffer>(size);
+  auto host = std::make_shared<HeapHostBuffer>(size);
   cl_int err = clEnqueueReadBuffer(e.queue, b.value()->mem.get(), CL_FALSE, offset, size, host->data(), e.num_wait(),
                                    e.wait_list(), e.event_out(true));
   if (err != CL_SUCCESS) return ClError(err, "clEnqueueReadBuffer", "server-to-server source");
@@ -320,7 +308,7 @@ Result<PendingWrite> OpenCLBackend::WriteFromHost(uint64_t stream, uint64_t buff
   if (TraceClTimes()) TraceTimes(e.done, fmt::format("s2s gated copy {}", size));
   Complete(e);
   clFlush(e.queue);
-  auto host = std::make_shared<PlainHostBuffer>(size);
+  auto host = std::make_shared<HeapHostBuffer>(size);
   PendingWrite pending;
   pending.staging = host;
   // Runs where the bytes arrived (the worker's receive thread): the blocking write goes to the

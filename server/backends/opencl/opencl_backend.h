@@ -325,6 +325,8 @@ class OpenCLBackend : public Backend {
 
   // ---- memory (opencl_memory.cc) ----
   Status WriteInline(const ir::BufferWriteReq& req, Buffer& b, Enqueue& e);
+  // A non-blocking write of `bytes` at `offset`, which it keeps until the write is done.
+  Status WriteKeeping(Buffer& b, Enqueue& e, uint64_t offset, std::shared_ptr<HostBuffer> bytes, std::string_view what);
   Status WriteRemote(const ir::BufferWriteReq& req, Buffer& b, Enqueue& e);
   Status ReadRemote(const ir::BufferReadReq& req, Buffer& b, Enqueue& e);
   std::shared_ptr<uint8_t> ReadSlot(uint32_t device);

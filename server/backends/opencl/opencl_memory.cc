@@ -14,10 +14,7 @@ namespace {
 
 bool HasRemote(const ir::Region& r) { return r.key != 0 || r.len != 0; }
 
-// The bytes of an inline write live until OpenCL is done with them (non-blocking write).
-void CL_CALLBACK FreeHostCopy(cl_event, cl_int, void* data) { delete static_cast<std::vector<uint8_t>*>(data); }
-
-// The host bytes of a held server-to-server write, kept until OpenCL is done with them.
+// The host bytes of a non-blocking write, kept until OpenCL is done with them.
 void CL_CALLBACK ReleaseHostBytes(cl_event, cl_int, void* data) {
   delete static_cast<std::shared_ptr<HostBuffer>*>(data);
 }
@@ -79,53 +76,44 @@ Status OpenCLBackend::OnBufferWrite(const ir::BufferWriteReq& req, ir::BufferWri
   return HasRemote(req.remote) ? WriteRemote(req, *b.value(), e) : WriteInline(req, *b.value(), e);
 }
 
-// Non-blocking, so a write that waits on a user event does not stall the session; a copy
-// of the bytes lives until the write's event completes.
-Status OpenCLBackend::WriteInline(const ir::BufferWriteReq& req, Buffer& b, Enqueue& e) {
-  auto copy = std::make_unique<std::vector<uint8_t>>(req.data);
-  cl_int err = clEnqueueWriteBuffer(e.queue, b.mem.get(), CL_FALSE, req.offset, req.size, copy->data(), e.num_wait(),
+// Non-blocking, so a write that waits on a user event does not stall the session: `bytes`
+// live until the write's event completes.
+Status OpenCLBackend::WriteKeeping(Buffer& b, Enqueue& e, uint64_t offset, std::shared_ptr<HostBuffer> bytes,
+                                   std::string_view what) {
+  cl_int err = clEnqueueWriteBuffer(e.queue, b.mem.get(), CL_FALSE, offset, bytes->size(), bytes->data(), e.num_wait(),
                                     e.wait_list(), e.event_out(true));
-  if (err != CL_SUCCESS) return ClError(err, "clEnqueueWriteBuffer");
-  err = clSetEventCallback(e.done, CL_COMPLETE, FreeHostCopy, copy.get());
+  if (err != CL_SUCCESS) return ClError(err, "clEnqueueWriteBuffer", what);
+  auto keep = std::make_unique<std::shared_ptr<HostBuffer>>(std::move(bytes));
+  err = clSetEventCallback(e.done, CL_COMPLETE, ReleaseHostBytes, keep.get());
   if (err == CL_SUCCESS) {
-    copy.release();  // owned by the callback now
+    keep.release();  // owned by the callback now
   } else {
     // Without a callback the bytes must outlive the write some other way: wait for it.
     cl_int werr = clWaitForEvents(1, &e.done);
     if (werr != CL_SUCCESS) {
       clReleaseEvent(e.done);
       e.done = nullptr;
-      return ClError(werr, "clWaitForEvents", "inline write");
+      return ClError(werr, "clWaitForEvents", what);
     }
   }
   Complete(e);
   return Status::Ok();
 }
 
+Status OpenCLBackend::WriteInline(const ir::BufferWriteReq& req, Buffer& b, Enqueue& e) {
+  auto copy = std::make_shared<HeapHostBuffer>(req.size);
+  std::memcpy(copy->data(), req.data.data(), req.size);
+  return WriteKeeping(b, e, req.offset, std::move(copy), "inline write");
+}
+
 Status OpenCLBackend::WriteHostBytes(uint64_t stream, uint64_t buffer, uint64_t offset, const ir::u64s& wait,
                                      uint64_t signal, std::shared_ptr<HostBuffer> bytes) {
   auto b = Find(buffers_, buffer, "buffer");
   if (!b.ok()) return b.status();
-  const uint64_t size = bytes->size();
-  TANDEM_RETURN_IF_ERROR(CheckRange(*b.value(), buffer, offset, size));
+  TANDEM_RETURN_IF_ERROR(CheckRange(*b.value(), buffer, offset, bytes->size()));
   Enqueue e;
   TANDEM_RETURN_IF_ERROR(Prepare(stream, b.value()->device, wait, signal, &e));
-  cl_int err = clEnqueueWriteBuffer(e.queue, b.value()->mem.get(), CL_FALSE, offset, size, bytes->data(),
-                                    e.num_wait(), e.wait_list(), e.event_out(true));
-  if (err != CL_SUCCESS) return ClError(err, "clEnqueueWriteBuffer", "a server-to-server copy's bytes");
-  auto keep = std::make_unique<std::shared_ptr<HostBuffer>>(std::move(bytes));
-  err = clSetEventCallback(e.done, CL_COMPLETE, ReleaseHostBytes, keep.get());
-  if (err == CL_SUCCESS) {
-    keep.release();  // owned by the callback now
-  } else {
-    cl_int werr = clWaitForEvents(1, &e.done);  // the bytes must outlive the write
-    if (werr != CL_SUCCESS) {
-      clReleaseEvent(e.done);
-      e.done = nullptr;
-      return ClError(werr, "clWaitForEvents", "a server-to-server copy's bytes");
-    }
-  }
-  Complete(e);
+  TANDEM_RETURN_IF_ERROR(WriteKeeping(*b.value(), e, offset, std::move(bytes), "a server-to-server copy's bytes"));
   clFlush(e.queue);
   return Status::Ok();
 }

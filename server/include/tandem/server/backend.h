@@ -39,6 +39,19 @@ class HostBuffer {
   virtual size_t size() const = 0;
 };
 
+// `n` bytes of ordinary heap memory, not zeroed (what fills it writes every byte): the host
+// copies of asynchronous transfers, in the session and the backends.
+class HeapHostBuffer final : public HostBuffer {
+ public:
+  explicit HeapHostBuffer(size_t n) : bytes_(new uint8_t[n]), size_(n) {}
+  uint8_t* data() override { return bytes_.get(); }
+  size_t size() const override { return size_; }
+
+ private:
+  std::unique_ptr<uint8_t[]> bytes_;
+  size_t size_;
+};
+
 // The destination half of an asynchronous transfer (Backend::WriteFromHost): the write is
 // enqueued, and held with everything after it on its stream, until `release` runs: with Ok
 // once `staging` holds the bytes, or with a failure to fail the write instead. `release`

@@ -115,7 +115,7 @@ class Session {
   // Told how long the client wants the worker's threads to keep looking for messages before
   // they sleep (Warm's spin_us; capped).
   void set_spin_hook(std::function<void(uint32_t spin_us)> hook) { spin_hook_ = std::move(hook); }
-  // Holding (session_hold.cc): with it, a command that waits on another server (an imported
+  // Holding: with it, a command that waits on another server (an imported
   // event not answered yet, a server-to-server copy's bytes not here yet), and every command
   // after it on its stream or waiting on its signal, stays in the session until that server
   // has answered; then the session hands them to the backend in order. A command that wants a
@@ -149,7 +149,7 @@ class Session {
     int32_t event_status = -1;
   };
 
-  // ---- holding (session_hold.cc; Blocked in session.cc) ----
+  // ---- holding ----
   // A PeerRecv's write, run once its bytes came (or failed) and nothing before it holds it.
   struct Arrival {
     ir::PeerRecvReq req;
@@ -185,6 +185,7 @@ class Session {
   void Hold(HeldCommand command);
   Status HoldArrival(const ir::PeerRecvReq& req);
   Status HoldImport(const ir::EventImportReq& req);
+  Status ImportFrom(const ir::EventImportReq& req, std::function<void(int32_t status)> answered);
   void RunArrival(Arrival& a);
   // Queues `fn` for the executor (any thread) and wakes it.
   void PostRelease(std::function<void()> fn);
