@@ -15,8 +15,9 @@ import re
 import statistics
 import sys
 
+from cl_times import LINE as CL  # the "cl times" line (this folder is on the script's path)
+
 T = re.compile(r"^\s*(\d+\.\d+)\s")
-CL = re.compile(r"cl times (.+?): queued ([\d.]+) submit ([\d.]+) start ([\d.]+) end ([\d.]+)")
 RUN_IMPORT = re.compile(r"run #\d+ EventImport\(.*token=(\d+)\)")
 ANSWERED = re.compile(r"event import (0x[0-9a-f]+): answered")
 EXPORTED = re.compile(r"event export (0x[0-9a-f]+): done")

@@ -88,6 +88,16 @@ stop_experiment_servers() {
 
 idle_rows() { sed 's/ocl_readback_//;s/cuda_readback_//;s/idle_//' | awk '/readback|^warm|ms /{printf "%s %.1f  ", $1, $2}'; }
 
+# run_summary OUTPUT: a 4-device workload run's output (advection or multi_matmul) as "TIME
+# DIGEST": its ms/step (advection) or seconds (multi_matmul) and a digest of its result lines,
+# which must agree between runs of one size; or FAILED(its last lines).
+run_summary() {
+  local t sum
+  t=$(sed -n 's/^time: .*(\([0-9.]*\) ms\/step).*/\1/p; s/^time: \([0-9.]*\) s.*/\1/p' <<<"$1" | head -1)
+  sum=$(grep -E '^(advection: checksum|multi_matmul:)' <<<"$1" | grep -v time | md5sum | cut -c1-8)
+  if [[ -z $t ]]; then echo "FAILED($(tail -2 <<<"$1" | tr '\n' ' '))"; else echo "$t $sum"; fi
+}
+
 # four_advection_servers BUILD_DIR LOG_PREFIX: the 4-server advection experiments' start
 # (opencl_processes.sh, opencl_4srv_profile.sh, opencl_4srv_trace.sh): builds what they run
 # into BUILD_DIR (not with NO_BUILD=1: BUILD_DIR is built already), logs in W=BUILD_DIR-work,

@@ -28,19 +28,17 @@ done
 unset CUDA_VISIBLE_DEVICES
 four=${addr[g0]},${addr[g1]},${addr[g2]},${addr[g3]}
 sleep 2
-run() {  # run native|tandem PROGRAM ARGS...: "time digest"
-  local how=$1 prog=$2 out t sum
+run() {  # run native|tandem PROGRAM ARGS...: "time digest [platform]"
+  local how=$1 prog=$2 out summary
   shift 2
   if [[ $how == native ]]; then
     out=$(OCL_ICD_VENDORS=$vendors OCL_ICD_FILENAMES=$libs timeout 60 "$BLD/examples/opencl/$prog" --devices 4 "$@" 2>&1)
   else
     out=$(timeout 60 "$BLD/tools/tandem" run --servers "$four" -- "$BLD/examples/opencl/$prog" --devices 4 "$@" 2>&1)
   fi
-  t=$(sed -n 's/^time: .*(\([0-9.]*\) ms\/step).*/\1/p; s/^time: \([0-9.]*\) s.*/\1/p' <<<"$out" | head -1)
-  sum=$(grep -E '^(advection: checksum|multi_matmul:)' <<<"$out" | grep -v time | md5sum | cut -c1-8)
-  local where
-  where=$(grep -m1 '^time: platform' <<<"$out" | sed 's/^time: //')
-  if [[ -z $t ]]; then echo "FAILED($(tail -2 <<<"$out" | tr '\n' ' '))"; else echo "$t $sum [$where]"; fi
+  summary=$(run_summary "$out")
+  [[ $summary == FAILED* ]] && { echo "$summary"; return; }
+  echo "$summary [$(grep -m1 '^time: platform' <<<"$out" | sed 's/^time: //')]"
 }
 rows=("advection --n 1024 --steps 200 --no-check" "advection --n 8192 --steps 100 --no-check"
       "advection --n 16384 --steps 50 --no-check" "multi_matmul --n 8192")

@@ -19,12 +19,10 @@ for i in 0 1 2 3; do start_server_as "on$i" "$BLD/server/tandemd" opencl "$W/hol
 on=${addr[on0]},${addr[on1]},${addr[on2]},${addr[on3]}
 sleep 2
 run() {  # run SERVERS PROGRAM ARGS...: "time digest"
-  local servers=$1 prog=$2 out t sum
+  local servers=$1 prog=$2
   shift 2
-  out=$(timeout 300 "$BLD/tools/tandem" run --servers "$servers" -- "$BLD/examples/opencl/$prog" --devices 4 "$@" 2>&1)
-  t=$(sed -n 's/^time: .*(\([0-9.]*\) ms\/step).*/\1/p; s/^time: \([0-9.]*\) s.*/\1/p' <<<"$out" | head -1)
-  sum=$(grep -E '^(advection: checksum|multi_matmul:)' <<<"$out" | grep -v time | md5sum | cut -c1-8)
-  if [[ -z $t ]]; then echo "FAILED($(tail -2 <<<"$out" | tr '\n' ' '))"; else echo "$t $sum"; fi
+  run_summary "$(timeout 300 "$BLD/tools/tandem" run --servers "$servers" -- "$BLD/examples/opencl/$prog" --devices 4 \
+    "$@" 2>&1)"
 }
 SIZES=${SIZES:-"--n 1024 --steps 200;--n 8192 --steps 100;--n 16384 --steps 50"}
 IFS=';' read -r -a sizes <<<"$SIZES"

@@ -34,10 +34,7 @@ run() {
     tandem-4srv-ka0) out=$(TANDEM_KEEPALIVE_MS=0 timeout 300 "$BLD/tools/tandem" run --servers "$four" -- "$ADV" \
       --devices 4 "$@" 2>&1) ;;
   esac
-  local ms sum
-  ms=$(sed -n 's/^time: .*(\([0-9.]*\) ms\/step).*/\1/p' <<<"$out")
-  sum=$(grep '^advection: checksum' <<<"$out" | md5sum | cut -c1-8)
-  if [[ -z $ms ]]; then echo "FAILED($(grep -v '^time' <<<"$out" | tail -2 | tr '\n' ' '))"; else echo "$ms $sum"; fi
+  run_summary "$out"
 }
 ROWS=(native-1proc native-4proc tandem-1srv tandem-4srv tandem-4srv-ka0)
 # Busy threads while the 4-server run steps: the machine has $(nproc) cores.
