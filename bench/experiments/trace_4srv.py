@@ -9,7 +9,8 @@ transfers':
   src kernel  the neighbours' kernels of the step finished
   src read    their source halves' reads done
   came        the transfers' bytes arriving here
-  gate        the destination writes done (gate set) here
+  gate        the destination writes done (gate set) here; held transfers: their writes
+              enqueued by the executor's replay
   next        this server's kernel of the next step finished
 and the median of each column.
   python3 trace_4srv.py LOG0 LOG1 LOG2 LOG3 [--server S]"""
@@ -58,6 +59,11 @@ me = logs[server]
 recv_posted, halo = halo_recvs(me)
 gates = [t for t, m in times(me, r"s2s write of (\d+) bytes .*gate set") if int(m.group(1)) == halo]
 came = {m.group(1): t for t, m in times(me, r"s2s recv (0x[0-9a-f]+): bytes came")}
+# A held transfer (TANDEM_SERVER_HOLD, on for OpenCL) has no gate: its write is enqueued when
+# the executor replays it ("written"), and that is the column's time instead.
+written = {m.group(1): t for t, m in times(me, r"s2s recv (0x[0-9a-f]+): written")}
+if not gates and written:
+    gates = [written.get(i, float("nan")) for i in recv_posted]
 read_done = {}  # transfer -> (time, source server)
 for k, ev in enumerate(logs):
     for t, m in times(ev, r"s2s send (0x[0-9a-f]+): read done"):

@@ -65,11 +65,15 @@ bool WholeRoot(cl_mem mem, size_t offset, size_t size) {
 
 // The buffer's handle on the command's server, its bytes made current there. A command that
 // writes a buffer of a context over several servers signals an event, its own if the program
-// asked for none, so a later copy out of that server can wait for exactly this write.
-cl_int Acquire(Command& cmd, cl_mem mem, BufferUse use, uint64_t* handle) {
+// asked for none, so a later copy out of that server can wait for exactly this write. A
+// writing use changes [offset, offset+size) of `mem` (all of it by default: a kernel's).
+cl_int Acquire(Command& cmd, cl_mem mem, BufferUse use, uint64_t* handle, size_t offset = 0,
+               size_t size = SIZE_MAX) {
   if (use != BufferUse::kRead && !cmd.event && SpansServers(cmd.q->context))
     cmd.event = NewEvent(cmd.q->context, cmd.q, cmd.type, cmd.completion);
-  return AcquireBuffer(cmd.q, mem, use, handle, &cmd.wait, cmd.foreign, cmd.event);
+  const uint64_t lo = mem->origin + std::min(offset, mem->size);
+  const uint64_t hi = lo + std::min(size, mem->size - std::min(offset, mem->size));
+  return AcquireBuffer(cmd.q, mem, use, handle, &cmd.wait, cmd.foreign, cmd.event, lo, hi);
 }
 
 cl_int CheckRange(cl_mem mem, size_t offset, size_t size) {
@@ -133,7 +137,7 @@ Status Write(Command& cmd, cl_mem mem, bool blocking, size_t offset, size_t size
   ir::BufferWriteReq req;
   req.stream = cmd.q->stream;
   if (cl_int err = Acquire(cmd, mem, WholeRoot(mem, offset, size) ? BufferUse::kOverwrite : BufferUse::kWrite,
-                           &req.buffer))
+                           &req.buffer, offset, size))
     return Status(Code::kApiError, "cannot bring the buffer to this queue's server", err, Api::kOpenCL);
   req.offset = mem->origin + offset;
   req.size = size;
@@ -341,16 +345,16 @@ cl_int EnqueueCopyBuffer(cl_command_queue q, cl_mem src, cl_mem dst, size_t src_
   const BufferUse dst_use = WholeRoot(dst, dst_offset, size) ? BufferUse::kOverwrite : BufferUse::kWrite;
   if (src->root() != dst->root() && !CurrentOn(q, src)) {
     // The source's bytes are on another server: only the range travels, server to server.
-    client::CopyEnd from = CurrentSource(src);
+    client::CopyEnd from = CurrentSource(src, s0, s0 + size);
     from.offset = s0;
     for (uint64_t h : HandlesOn(cmd.foreign, from.session)) from.wait.push_back(h);
-    if (cl_int e = Acquire(cmd, dst, dst_use, &dh)) return End(cmd, out, e);
+    if (cl_int e = Acquire(cmd, dst, dst_use, &dh, dst_offset, size)) return End(cmd, out, e);
     client::CopyEnd to{.session = &q->session(), .stream = q->stream, .buffer = dh, .offset = d0, .wait = cmd.wait};
     Status st = client::CopyBetweenServers(from, to, size, cmd.signal());
     return End(cmd, out, ToCl(st, "clEnqueueCopyBuffer", CL_MEM_OBJECT_ALLOCATION_FAILURE));
   }
   if (cl_int e = Acquire(cmd, src, BufferUse::kRead, &sh)) return End(cmd, out, e);
-  if (cl_int e = Acquire(cmd, dst, dst_use, &dh)) return End(cmd, out, e);
+  if (cl_int e = Acquire(cmd, dst, dst_use, &dh, dst_offset, size)) return End(cmd, out, e);
   q->session().Post(ir::BufferCopyReq{q->stream, sh, s0, dh, d0, size, cmd.wait, cmd.signal()});
   return End(cmd, out, CL_SUCCESS);
 }
@@ -401,7 +405,8 @@ cl_int EnqueueFillBuffer(cl_command_queue q, cl_mem mem, const void* pattern, si
   if (err) return End(cmd, out, err);
   const auto* p = static_cast<const uint8_t*>(pattern);
   uint64_t h = 0;
-  if (cl_int e = Acquire(cmd, mem, WholeRoot(mem, offset, size) ? BufferUse::kOverwrite : BufferUse::kWrite, &h))
+  if (cl_int e = Acquire(cmd, mem, WholeRoot(mem, offset, size) ? BufferUse::kOverwrite : BufferUse::kWrite, &h,
+                         offset, size))
     return End(cmd, out, e);
   q->session().Post(ir::BufferFillReq{q->stream, h, mem->origin + offset, size,
                                       std::vector<uint8_t>(p, p + pattern_size), cmd.wait, cmd.signal()});

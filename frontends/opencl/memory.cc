@@ -58,7 +58,7 @@ cl_mem CreateBuffer(cl_context context, cl_mem_flags flags, size_t size, void* h
   client::Session& s = mem->session();
   s.Post(ir::BufferAllocReq{mem->handle, mem->resident->remote->remote_index, size, IrFlags(flags), 0});
   mem->copies.push_back(_cl_mem::Copy{
-      .session = &s, .device = mem->resident->remote->remote_index, .handle = mem->handle, .last_write = {}, .current = true});
+      .session = &s, .device = mem->resident->remote->remote_index, .handle = mem->handle, .writes = {}, .current = true});
   // The initial contents travel from a private copy, so creation does not wait.
   if (wants_ptr) {
     auto copy = std::make_shared<std::vector<uint8_t>>(static_cast<uint8_t*>(host_ptr),
@@ -127,15 +127,48 @@ _cl_mem::Copy* CopyOn(_cl_mem* root, cl_command_queue q) {
 
 _cl_mem* MutableRoot(cl_mem mem) { return mem->parent ? mem->parent : mem; }
 
-// The source end of a copy from root's first current copy. Called with residency_mu held.
-client::CopyEnd SourceOf(_cl_mem* root) {
+// Writes a copy keeps apart; past that the oldest two merge (their ranges' span, both events).
+constexpr size_t kMaxWrites = 8;
+
+bool Completed(const Held<_cl_event>& e) {
+  std::lock_guard lock(e->mu);
+  return e->status == CL_COMPLETE;
+}
+
+// Records that `writer` (null: no event to wait for) writes [lo, hi) of copy c of `root`.
+void RecordWrite(const _cl_mem* root, _cl_mem::Copy& c, uint64_t lo, uint64_t hi, cl_event writer) {
+  hi = std::min<uint64_t>(hi, root->size);
+  if (lo == 0 && hi == root->size) {
+    c.writes.clear();
+  } else {
+    std::erase_if(c.writes, [](const _cl_mem::Write& w) { return std::ranges::all_of(w.events, Completed); });
+  }
+  _cl_mem::Write w{.lo = lo, .hi = hi, .events = {}};
+  if (writer) w.events.emplace_back(writer);
+  c.writes.push_back(std::move(w));
+  while (c.writes.size() > kMaxWrites) {
+    _cl_mem::Write& a = c.writes[0];
+    _cl_mem::Write& b = c.writes[1];
+    b.lo = std::min(a.lo, b.lo);
+    b.hi = std::max(a.hi, b.hi);
+    b.events.insert(b.events.begin(), a.events.begin(), a.events.end());
+    c.writes.erase(c.writes.begin());
+  }
+}
+
+// The source end of a copy of [lo, hi) from root's first current copy, waiting for the writes
+// of that range. Called with residency_mu held.
+client::CopyEnd SourceOf(_cl_mem* root, uint64_t lo, uint64_t hi) {
   for (size_t i = 0; i < root->copies.size(); ++i) {
     const auto& c = root->copies[i];
     if (!c.current) continue;
     client::CopyEnd end{.session = c.session, .stream = 0, .buffer = c.handle, .offset = 0};
-    if (cl_event w = c.last_write.get(); w && w->bound) {
-      std::lock_guard lock(w->mu);
-      if (w->status != CL_COMPLETE) end.wait.push_back(w->handle);
+    for (const auto& w : c.writes) {
+      if (w.hi <= lo || hi <= w.lo) continue;
+      for (const auto& e : w.events) {
+        if (!e->bound || Completed(e)) continue;
+        if (std::find(end.wait.begin(), end.wait.end(), e->handle) == end.wait.end()) end.wait.push_back(e->handle);
+      }
     }
     // The home copy may still be waiting for its initial upload.
     if (i == 0 && root->ready) end.wait.push_back(root->ready);
@@ -152,10 +185,10 @@ bool CurrentOn(cl_command_queue q, cl_mem mem) {
   return c && c->current;
 }
 
-client::CopyEnd CurrentSource(cl_mem mem) {
+client::CopyEnd CurrentSource(cl_mem mem, uint64_t lo, uint64_t hi) {
   _cl_mem* root = MutableRoot(mem);
   std::lock_guard lock(root->residency_mu);
-  return SourceOf(root);
+  return SourceOf(root, lo, hi);
 }
 
 bool SpansServers(cl_context context) {
@@ -165,7 +198,7 @@ bool SpansServers(cl_context context) {
 }
 
 cl_int AcquireBuffer(cl_command_queue q, cl_mem mem, BufferUse use, uint64_t* handle, std::vector<uint64_t>* wait,
-                     const std::vector<cl_event>& foreign, cl_event writer) {
+                     const std::vector<cl_event>& foreign, cl_event writer, uint64_t lo, uint64_t hi) {
   _cl_mem* root = MutableRoot(mem);
   client::Session* here = &q->session();
   std::lock_guard lock(root->residency_mu);
@@ -175,20 +208,20 @@ cl_int AcquireBuffer(cl_command_queue q, cl_mem mem, BufferUse use, uint64_t* ha
     const uint32_t device = q->device->remote->remote_index;
     here->Post(ir::BufferAllocReq{h, device, root->size, IrFlags(root->flags), 0});
     root->copies.push_back(
-        _cl_mem::Copy{.session = here, .device = device, .handle = h, .last_write = {}, .current = false});
+        _cl_mem::Copy{.session = here, .device = device, .handle = h, .writes = {}, .current = false});
     mine = &root->copies.back();
   }
   const bool home = mine == &root->copies.front();
   if (home && root->ready && std::find(wait->begin(), wait->end(), root->ready) == wait->end())
     wait->push_back(root->ready);
   if (!mine->current && use != BufferUse::kOverwrite) {
-    client::CopyEnd from = SourceOf(root);
+    client::CopyEnd from = SourceOf(root, 0, root->size);
     for (uint64_t h : HandlesOn(foreign, from.session)) from.wait.push_back(h);
     client::CopyEnd to{.session = here, .stream = q->stream, .buffer = mine->handle, .offset = 0};
     cl_event filled = NewEvent(q->context, q, CL_COMMAND_MIGRATE_MEM_OBJECTS, _cl_event::Completion::kRemote);
     Status st = client::CopyBetweenServers(from, to, root->size, filled->handle);
     filled->bound = st.ok();
-    if (st.ok()) mine->last_write = Held<_cl_event>(filled);
+    if (st.ok()) RecordWrite(root, *mine, 0, root->size, filled);
     filled->Release();  // the copy holds it
     if (!st.ok()) return ToCl(st, "moving a buffer between servers", CL_MEM_OBJECT_ALLOCATION_FAILURE);
   }
@@ -196,7 +229,7 @@ cl_int AcquireBuffer(cl_command_queue q, cl_mem mem, BufferUse use, uint64_t* ha
     mine->current = true;
   } else {
     for (auto& c : root->copies) c.current = &c == mine;
-    mine->last_write = Held<_cl_event>(writer);
+    RecordWrite(root, *mine, lo, hi, writer);
   }
   *handle = mine->handle;
   return CL_SUCCESS;

@@ -256,17 +256,27 @@ struct _cl_mem : tandem::ocl::Object<_cl_mem> {
   uint64_t handle = 0;
   // Residency across devices (root buffers only): one copy per device that has used the
   // buffer, copies[0] being the home copy. `current` copies hold the latest bytes. A copy out
-  // of a server is read on that device's default stream, after `last_write` (the event of
-  // the last command that wrote this copy: the program's, one of Tandem's own when it asked
-  // for none, or the copy that brought the bytes here), the initial upload and the copying
-  // command's wait-list events of that server; not in the order of the queue that last wrote
-  // it, which would put it behind whatever that queue took since (a native copy on another
-  // queue is not).
+  // of a server is read on that device's default stream, after the `writes` of the range it
+  // reads (the events of the commands that wrote this copy: the program's, one of Tandem's own
+  // when it asked for none, or the copy that brought the bytes here), the initial upload and
+  // the copying command's wait-list events of that server; not in the order of the queue that
+  // last wrote it, which would put it behind whatever that queue took since (a native copy on
+  // another queue is not).
+  //
+  // A write of [lo, hi) of the root buffer, by the commands of `events`.
+  struct Write {
+    uint64_t lo = 0, hi = 0;
+    std::vector<tandem::ocl::Held<_cl_event>> events;
+  };
   struct Copy {
     tandem::client::Session* session = nullptr;
     uint32_t device = 0;  // the device's index on its server (a server keeps one copy per device)
     uint64_t handle = 0;
-    tandem::ocl::Held<_cl_event> last_write;
+    // The writes since the last one of the whole buffer (that one first), oldest first. A copy
+    // out of a range waits only for the writes that overlap it: halo rows copied into a band's
+    // buffer must not hold up the copy of its other rows to the next neighbour (which would
+    // chain the servers' halo exchanges one after another).
+    std::vector<Write> writes;
     bool current = false;
   };
   std::mutex residency_mu;
@@ -400,16 +410,17 @@ enum class BufferUse {
 // for there (the initial upload). The source of such a copy first waits for the command's
 // wait-list events of its own server (`foreign`, from CheckWaitList). A single-server context
 // never copies anything.
-// `writer` is the command's event (a writing use records it as the copy's last write).
+// `writer` is the command's event: a writing use records it as a write of [lo, hi) of the
+// root buffer on that copy.
 cl_int AcquireBuffer(cl_command_queue q, cl_mem mem, BufferUse use, uint64_t* handle, std::vector<uint64_t>* wait,
-                     const std::vector<cl_event>& foreign, cl_event writer);
+                     const std::vector<cl_event>& foreign, cl_event writer, uint64_t lo, uint64_t hi);
 // Whether the context's devices are on more than one server (buffers then move between them).
 bool SpansServers(cl_context context);
 // Whether q's server already holds the current bytes of `mem`.
 bool CurrentOn(cl_command_queue q, cl_mem mem);
-// Where the current bytes of `mem` are (another server than q's): the source end of a copy,
-// at the root's offset 0.
-client::CopyEnd CurrentSource(cl_mem mem);
+// Where the current bytes of `mem` are (another server than q's): the source end of a copy
+// of the root's bytes [lo, hi), at the root's offset 0, waiting for the writes of that range.
+client::CopyEnd CurrentSource(cl_mem mem, uint64_t lo, uint64_t hi);
 // clWaitForEvents without the argument checks.
 cl_int WaitEvents(const std::vector<cl_event>& events);
 // Routes the server's deferred errors: to the event they signal, else to the log.

@@ -272,6 +272,69 @@ TEST_F(MultiServer, WaitListEventOfAnotherServerIsWaitedForThere) {
   clReleaseMemObject(b);
 }
 
+// A copy out of a server waits for the writes there that overlap the range it copies, and for
+// no other: a copy that the program did not order after a pending write of other bytes runs
+// at once (the 4-device advection's halo copies out of a band that is still receiving its own
+// halos chained the servers one after another), and a copy ordered after a write of its range
+// through another queue's marker gets the written bytes.
+TEST_F(MultiServer, CopyOutWaitsOnlyForWritesOfItsRange) {
+  constexpr size_t kCount = 4096;
+  std::vector<int> init(kCount);
+  std::iota(init.begin(), init.end(), 0);
+  cl_mem m = Buffer(kCount * sizeof(int), init.data());  // current on the first server
+  ASSERT_EQ(ReadAll(0, m, kCount), init);
+  cl_mem dst = ZerosOn(1, kCount);
+  cl_int err = CL_SUCCESS;
+  cl_event gate = clCreateUserEvent(context_, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  const int seven = 7;
+  cl_event fill = nullptr;
+  ASSERT_EQ(clEnqueueFillBuffer(queues_[0], m, &seven, sizeof seven, 0, 100 * sizeof(int), 1, &gate, &fill),
+            CL_SUCCESS);
+  ASSERT_EQ(clFlush(queues_[0]), CL_SUCCESS);
+
+  cl_event other = nullptr;
+  ASSERT_EQ(clEnqueueCopyBuffer(queues_[1], m, dst, 1000 * sizeof(int), 0, 1000 * sizeof(int), 0, nullptr, &other),
+            CL_SUCCESS);
+  ASSERT_EQ(clFlush(queues_[1]), CL_SUCCESS);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (Status(other) != CL_COMPLETE && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(Status(other), CL_COMPLETE) << "a copy of bytes 1000-1999 waited for a write of bytes 0-99";
+
+  cl_event overlapping = nullptr;
+  if (DirectLinks()) {  // relayed, the enqueue itself would wait for the gate
+    cl_event after_fill = nullptr;
+    ASSERT_EQ(clEnqueueMarkerWithWaitList(queues_[1], 1, &fill, &after_fill), CL_SUCCESS);
+    ASSERT_EQ(clEnqueueCopyBuffer(queues_[1], m, dst, 50 * sizeof(int), 2000 * sizeof(int), 100 * sizeof(int), 0,
+                                  nullptr, &overlapping),
+              CL_SUCCESS);
+    ASSERT_EQ(clFlush(queues_[1]), CL_SUCCESS);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    EXPECT_NE(Status(overlapping), CL_COMPLETE) << "ran before the write it is ordered after";
+    clReleaseEvent(after_fill);
+  }
+  ASSERT_EQ(clSetUserEventStatus(gate, CL_COMPLETE), CL_SUCCESS);
+  ASSERT_EQ(clWaitForEvents(1, &fill), CL_SUCCESS);
+  std::vector<int> want(kCount, 0);
+  std::iota(want.begin(), want.begin() + 1000, 1000);
+  if (overlapping) {
+    ASSERT_EQ(clWaitForEvents(1, &overlapping), CL_SUCCESS);
+    std::fill(want.begin() + 2000, want.begin() + 2050, 7);
+    std::iota(want.begin() + 2050, want.begin() + 2100, 100);
+    clReleaseEvent(overlapping);
+  }
+  EXPECT_EQ(ReadAll(1, dst, kCount), want);
+  std::vector<int> filled = init;
+  std::fill(filled.begin(), filled.begin() + 100, 7);
+  EXPECT_EQ(ReadAll(1, m, kCount), filled);
+  clReleaseEvent(other);
+  clReleaseEvent(fill);
+  clReleaseEvent(gate);
+  clReleaseMemObject(m);
+  clReleaseMemObject(dst);
+}
+
 // A failure crosses servers as it does within one: the command that waits on another
 // server's failed event does not run, and its event reports the failure.
 TEST_F(MultiServer, FailedEventOfAnotherServerFailsItsWaiters) {
