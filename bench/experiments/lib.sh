@@ -103,6 +103,7 @@ run_summary() {
 # into BUILD_DIR (not with NO_BUILD=1: BUILD_DIR is built already), logs in W=BUILD_DIR-work,
 # experiment_env, and four OpenCL tandemd with the caller's environment (logs
 # $W/LOG_PREFIX-{0..3}.log); their addresses go to addr[s0..s3] and, as one list, to $four.
+# PER_GPU=1 (env): server i sees GPU i alone (CUDA_VISIBLE_DEVICES=i; a 4-GPU machine).
 four_advection_servers() {
   local bld=$1 prefix=$2 i
   W=$bld-work
@@ -113,7 +114,13 @@ four_advection_servers() {
   fi
   experiment_env "$W"
   declare -gA addr
-  for i in 0 1 2 3; do start_server_as "s$i" "$bld/server/tandemd" opencl "$W/$prefix-$i.log"; done
+  for i in 0 1 2 3; do
+    if [[ ${PER_GPU:-0} == 1 ]]; then
+      CUDA_VISIBLE_DEVICES=$i start_server_as "s$i" "$bld/server/tandemd" opencl "$W/$prefix-$i.log"
+    else
+      start_server_as "s$i" "$bld/server/tandemd" opencl "$W/$prefix-$i.log"
+    fi
+  done
   four=${addr[s0]},${addr[s1]},${addr[s2]},${addr[s3]}
   sleep 2
 }

@@ -7,6 +7,7 @@ For server S (default 1), step by step, times in us after its kernel of that ste
 (its EventExport done, the earlier of its two), each the later of its two neighbours' or
 transfers':
   src kernel  the neighbours' kernels of the step finished
+  src enq     their source halves' reads enqueued (a held read: when the executor replayed it)
   src read    their source halves' reads done
   came        the transfers' bytes arriving here
   gate        the destination writes done (gate set) here; held transfers: their writes
@@ -65,23 +66,28 @@ written = {m.group(1): t for t, m in times(me, r"s2s recv (0x[0-9a-f]+): written
 if not gates and written:
     gates = [written.get(i, float("nan")) for i in recv_posted]
 read_done = {}  # transfer -> (time, source server)
+read_enq = {}  # transfer -> time
 for k, ev in enumerate(logs):
     for t, m in times(ev, r"s2s send (0x[0-9a-f]+): read done"):
         read_done[m.group(1)] = (t, k)
+    for t, m in times(ev, r"s2s send (0x[0-9a-f]+): \d+ bytes from buffer"):
+        read_enq[m.group(1)] = t
 
 nan = float("nan")
 steps = min(len(done[server]) - 1, len(gates) // 2, len(recv_posted) // 2)
-hdr = ["src kernel", "src read", "came", "gate", "next"]
+hdr = ["src kernel", "src enq", "src read", "came", "gate", "next"]
 rows = []
 for s in range(steps):
     k = done[server][s]
-    src_k, src_r, cm = [], [], []
+    src_k, src_e, src_r, cm = [], [], [], []
     for i in recv_posted[2 * s:2 * s + 2]:
         t, src = read_done.get(i, (nan, None))
         src_r.append(t)
+        src_e.append(read_enq.get(i, nan))
         cm.append(came.get(i, nan))
         src_k.append(done[src][s] if src is not None and s < len(done[src]) else nan)
-    rows.append([max(src_k) - k, max(src_r) - k, max(cm) - k, max(gates[2 * s:2 * s + 2]) - k, done[server][s + 1] - k])
+    rows.append([max(src_k) - k, max(src_e) - k, max(src_r) - k, max(cm) - k, max(gates[2 * s:2 * s + 2]) - k,
+                 done[server][s + 1] - k])
 print("server %d, %d steps; us after its own kernel of the step finished (the later of the two"
       " neighbours / transfers)" % (server, len(rows)))
 print("step " + " ".join("%10s" % h for h in hdr))
