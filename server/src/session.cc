@@ -504,6 +504,16 @@ Status Session::Call(const ir::WarmReq& req, ir::WarmRep* rep) {
                                        req.what));
   if (spin_hook_) spin_hook_(std::min<uint32_t>(req.spin_us, 20000));
   if (req.what == 0) return Status::Ok();  // only the spin window
+  // Commands held for another server: the program's work is in flight and the device is busy
+  // with it or about to be, so a copy and a kernel would only take device time from it (the
+  // client sees a quiet link while it waits on one server and the others work through what
+  // it enqueued). On NVIDIA's OpenCL with four servers time-slicing a GPU one such Warm held
+  // the executor for 57 ms. The spin window above is what still helps; the reply comes
+  // without the echoed bytes.
+  if (!held_.empty()) {
+    if (profile_) profile_->Add("~Warm skipped (held)", std::chrono::nanoseconds(0));
+    return Status::Ok();
+  }
   return backend_->OnWarm(req, rep);
 }
 

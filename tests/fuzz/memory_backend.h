@@ -106,6 +106,15 @@ class MemoryBackend : public server::Backend {
     ++calls;
     return r.device == 0 ? Status::Ok() : Status::Invalid("no such device");
   }
+  // Keepalive: the bytes come back, as through a device's write and read back.
+  int warms = 0;
+  Status OnWarm(const ir::WarmReq& r, ir::WarmRep* rep) override {
+    ++calls;
+    ++warms;
+    if (r.device != 0) return Status::Invalid("no such device");
+    rep->data = r.data;
+    return Status::Ok();
+  }
 
  private:
   std::vector<uint8_t>* Find(uint64_t h, uint64_t off, uint64_t size) {

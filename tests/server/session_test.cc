@@ -368,6 +368,39 @@ std::vector<uint8_t> Bytes(std::initializer_list<std::pair<int, uint8_t>> runs) 
 
 }  // namespace
 
+// A keepalive that finds commands held for another server keeps its spin window and leaves
+// the device to the program's work in flight; once nothing is held it warms the device again.
+TEST_F(SessionHoldTest, WarmLeavesTheDeviceAloneWhileCommandsAreHeld) {
+  std::vector<uint32_t> spins;
+  session_.set_spin_hook([&](uint32_t us) { spins.push_back(us); });
+  auto warm = [&](uint64_t seq) {
+    ir::BatchWriter w(ir::BatchKind::kRequests);
+    w.AddRequest(ir::WarmReq{.device = 0, .what = ir::kWarmCopy, .spin_us = 3000, .data = ir::bytes(8, 0x5a)}, seq);
+    auto r = Run(w);
+    EXPECT_EQ(r.size(), 1u);
+    if (r.size() != 1) return ir::bytes{};
+    EXPECT_TRUE(r[0].head.status.ok()) << r[0].head.status.ToString();
+    ir::WarmRep rep;
+    ir::Reader rd(r[0].fields);
+    EXPECT_TRUE(ir::Get(rd, &rep));
+    return rep.data;
+  };
+  EXPECT_EQ(warm(30), ir::bytes(8, 0x5a));
+  EXPECT_EQ(backend_.warms, 1);
+  ir::BatchWriter w(ir::BatchKind::kRequests);
+  w.AddRequest(ir::PeerRecvReq{5, 1, 0, 4, "peer:1", 78, {}, 52}, 31);
+  EXPECT_TRUE(Run(w).empty());
+  ASSERT_EQ(session_.held(), 1u);
+  EXPECT_TRUE(warm(32).empty());
+  EXPECT_EQ(backend_.warms, 1) << "warmed the device while a transfer's write was held";
+  peers_.Arrive(78, 5);
+  EXPECT_TRUE(session_.RunReleased().reply.empty());
+  EXPECT_EQ(session_.held(), 0u);
+  EXPECT_EQ(warm(33), ir::bytes(8, 0x5a));
+  EXPECT_EQ(backend_.warms, 2);
+  EXPECT_EQ(spins, (std::vector<uint32_t>{3000, 3000, 3000}));
+}
+
 // A copy's destination half and what follows it on its stream stay in the session until the
 // bytes come, then run in program order; another stream goes on meanwhile.
 TEST_F(SessionHoldTest, StreamWaitsForTheBytesThenRunsInOrder) {
