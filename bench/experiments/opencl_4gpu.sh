@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The 4-device OpenCL workloads where each tandemd has a GPU of its own (a 4-GPU machine):
+# The 4-device OpenCL workloads where each tandemd has a GPU of its own (a 4-GPU machine; on
+# a 2-GPU one, server i sees GPU i % 2):
 # natively, one process and one context holding the four GPUs (the baseline); through
 # Tandem, four tandemd, server i seeing GPU i alone (CUDA_VISIBLE_DEVICES=i), halos server to
 # server. Alternating rounds; every step bounded in time. From the repository root:
@@ -22,8 +23,10 @@ if [[ ${NO_BUILD:-0} != 1 ]]; then
 fi
 experiment_env "$W"
 declare -A addr
+gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+((gpus > 0)) || gpus=1
 for i in 0 1 2 3; do
-  export CUDA_VISIBLE_DEVICES=$i
+  export CUDA_VISIBLE_DEVICES=$((i % gpus))
   start_server_as "g$i" "$BLD/server/tandemd" opencl "$W/tandemd-$i.log"
 done
 unset CUDA_VISIBLE_DEVICES
