@@ -98,6 +98,16 @@ run_summary() {
   if [[ -z $t ]]; then echo "FAILED($(tail -2 <<<"$1" | tr '\n' ' '))"; else echo "$t $sum"; fi
 }
 
+# workload_rows: the 4-device A/B rows into the array `rows`: advection at each of SIZES (env,
+# ';'-separated advection arguments; three sizes by default), then multi_matmul at n = 8192.
+workload_rows() {
+  local size sizes
+  IFS=';' read -r -a sizes <<<"${SIZES:-"--n 1024 --steps 200;--n 8192 --steps 100;--n 16384 --steps 50"}"
+  rows=()
+  for size in "${sizes[@]}"; do rows+=("advection $size --no-check"); done
+  rows+=("multi_matmul --n 8192")
+}
+
 # four_advection_servers BUILD_DIR LOG_PREFIX: the 4-server advection experiments' start
 # (opencl_processes.sh, opencl_4srv_profile.sh, opencl_4srv_trace.sh): builds what they run
 # into BUILD_DIR (not with NO_BUILD=1: BUILD_DIR is built already), logs in W=BUILD_DIR-work,

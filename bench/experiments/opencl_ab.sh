@@ -37,11 +37,7 @@ procs() {  # procs ADVECTION ARGS...: four native processes, "time digest"
   run_summary "$(OCL_ICD_VENDORS=$vendors OCL_ICD_FILENAMES=$libs timeout 120 "$N/bench/advection_procs" --procs 4 \
     "$@" 2>&1)"
 }
-SIZES=${SIZES:-"--n 1024 --steps 200;--n 8192 --steps 100;--n 16384 --steps 50"}
-IFS=';' read -r -a sizes <<<"$SIZES"
-rows=()
-for size in "${sizes[@]}"; do rows+=("advection $size --no-check"); done
-rows+=("multi_matmul --n 8192")
+workload_rows
 for row in "${rows[@]}"; do
   a="" b="" p=""
   for ((r = 1; r <= ROUNDS; ++r)); do

@@ -24,11 +24,7 @@ run() {  # run SERVERS PROGRAM ARGS...: "time digest"
   run_summary "$(timeout 300 "$BLD/tools/tandem" run --servers "$servers" -- "$BLD/examples/opencl/$prog" --devices 4 \
     "$@" 2>&1)"
 }
-SIZES=${SIZES:-"--n 1024 --steps 200;--n 8192 --steps 100;--n 16384 --steps 50"}
-IFS=';' read -r -a sizes <<<"$SIZES"
-rows=()
-for size in "${sizes[@]}"; do rows+=("advection $size --no-check"); done
-rows+=("multi_matmul --n 8192")
+workload_rows
 for row in "${rows[@]}"; do
   echo "== $row, four servers, $ROUNDS rounds"
   a="" b=""
