@@ -113,9 +113,9 @@ workload_rows() {
 # into BUILD_DIR (not with NO_BUILD=1: BUILD_DIR is built already), logs in W=BUILD_DIR-work,
 # experiment_env, and four OpenCL tandemd with the caller's environment (logs
 # $W/LOG_PREFIX-{0..3}.log); their addresses go to addr[s0..s3] and, as one list, to $four.
-# PER_GPU=1 (env): server i sees GPU i alone (CUDA_VISIBLE_DEVICES=i; a 4-GPU machine).
+# PER_GPU=1 (env): server i sees GPU i modulo the GPUs there alone (CUDA_VISIBLE_DEVICES).
 four_advection_servers() {
-  local bld=$1 prefix=$2 i
+  local bld=$1 prefix=$2 i gpus
   W=$bld-work
   mkdir -p "$W"
   if [[ ${NO_BUILD:-0} != 1 ]]; then
@@ -124,9 +124,11 @@ four_advection_servers() {
   fi
   experiment_env "$W"
   declare -gA addr
+  gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+  ((gpus > 0)) || gpus=1
   for i in 0 1 2 3; do
     if [[ ${PER_GPU:-0} == 1 ]]; then
-      CUDA_VISIBLE_DEVICES=$i start_server_as "s$i" "$bld/server/tandemd" opencl "$W/$prefix-$i.log"
+      CUDA_VISIBLE_DEVICES=$((i % gpus)) start_server_as "s$i" "$bld/server/tandemd" opencl "$W/$prefix-$i.log"
     else
       start_server_as "s$i" "$bld/server/tandemd" opencl "$W/$prefix-$i.log"
     fi

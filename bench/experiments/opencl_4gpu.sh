@@ -6,7 +6,8 @@
 # server. Alternating rounds; every step bounded in time. From the repository root:
 #   bash bench/experiments/opencl_4gpu.sh [ROUNDS] [BUILD_DIR] [LOG]   (NO_BUILD=1: built)
 # Lines go to LOG as they come (default /dev/stdout). ROWS (env): the programs and arguments
-# to run, ';'-separated. Four native processes (one GPU each) run beside each advection row.
+# to run, ';'-separated (default: lib.sh workload_rows). Four native processes (one GPU each)
+# run beside each advection row.
 set -u
 ROUNDS=${1:-2}
 BLD=${2:-/tmp/tandem-4gpu}
@@ -21,18 +22,8 @@ if [[ ${NO_BUILD:-0} != 1 ]]; then
     'tandemd tandem tandem_opencl advection multi_matmul advection_procs' -DTANDEM_CUDA_PROGRAMS=OFF" || { say "build failed"; exit 1; }
   say "built"
 fi
-experiment_env "$W"
-declare -A addr
-gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
-((gpus > 0)) || gpus=1
-for i in 0 1 2 3; do
-  export CUDA_VISIBLE_DEVICES=$((i % gpus))
-  start_server_as "g$i" "$BLD/server/tandemd" opencl "$W/tandemd-$i.log"
-done
-unset CUDA_VISIBLE_DEVICES
-four=${addr[g0]},${addr[g1]},${addr[g2]},${addr[g3]}
-sleep 2
-run() {  # run native|tandem PROGRAM ARGS...: "time digest [platform]"
+PER_GPU=1 NO_BUILD=1 four_advection_servers "$BLD" tandemd
+run() {  # run native|tandem|procs PROGRAM ARGS...: "time digest [platform]" (procs: advection only)
   local how=$1 prog=$2 out summary
   shift 2
   if [[ $how == procs ]]; then  # advection in one process per GPU, halos through host shared memory
@@ -46,8 +37,7 @@ run() {  # run native|tandem PROGRAM ARGS...: "time digest [platform]"
   [[ $summary == FAILED* ]] && { echo "$summary"; return; }
   echo "$summary [$(grep -m1 '^time: platform' <<<"$out" | sed 's/^time: //')]"
 }
-ROWS=${ROWS:-"advection --n 1024 --steps 200 --no-check;advection --n 8192 --steps 100 --no-check;advection --n 16384 --steps 50 --no-check;multi_matmul --n 8192"}
-IFS=';' read -r -a rows <<<"$ROWS"
+if [[ -n ${ROWS:-} ]]; then IFS=';' read -r -a rows <<<"$ROWS"; else workload_rows; fi
 for row in "${rows[@]}"; do
   say "== $row (ms/step or s), $ROUNDS rounds"
   for ((r = 1; r <= ROUNDS; ++r)); do

@@ -71,9 +71,10 @@ cl_int Acquire(Command& cmd, cl_mem mem, BufferUse use, uint64_t* handle, size_t
                size_t size = SIZE_MAX) {
   if (use != BufferUse::kRead && !cmd.event && SpansServers(cmd.q->context))
     cmd.event = NewEvent(cmd.q->context, cmd.q, cmd.type, cmd.completion);
-  const uint64_t lo = mem->origin + std::min(offset, mem->size);
-  const uint64_t hi = lo + std::min(size, mem->size - std::min(offset, mem->size));
-  return AcquireBuffer(cmd.q, mem, use, handle, &cmd.wait, cmd.foreign, cmd.event, lo, hi);
+  const size_t at = std::min(offset, mem->size);
+  const uint64_t lo = mem->origin + at;
+  return AcquireBuffer(cmd.q, mem, use, handle, &cmd.wait, cmd.foreign, cmd.event, lo,
+                       lo + std::min(size, mem->size - at));
 }
 
 cl_int CheckRange(cl_mem mem, size_t offset, size_t size) {
