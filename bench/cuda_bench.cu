@@ -9,6 +9,11 @@
 //   cuda_bench --idle-busy  the same, the program's thread busy-waiting through each gap
 //                       instead of sleeping: what is left of the idle cost then is the
 //                       link's and the GPU's, not the program's CPU going idle
+//   cuda_bench --idle-keepalive  the same, with a keepalive inside the program: a thread of
+//                       its own that, every TANDEM_KEEPALIVE_MS (default 2), copies 8 B to
+//                       the device and back and launches an empty kernel on a stream of its
+//                       own, as tandemd's does (natively only: what a keepalive can do with
+//                       no network in the path)
 //   cuda_bench --s2s    only device 0 -> device 1 copies: cudaMemcpyPeer against a relay
 //                       through pinned host memory (needs two devices, else n/a rows)
 // Every CUDA call of the first two modes is checked and any error exits 1; in --s2s mode
@@ -16,6 +21,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -167,6 +173,46 @@ void IdleReadback(void* dev) {
   }
 }
 
+// --idle-keepalive: tandemd's keepalive (server/backends/cuda/cuda_warm.cc), in the program.
+class InProcessKeepalive {
+ public:
+  InProcessKeepalive() {
+    double ms = 2;
+    if (const char* v = std::getenv("TANDEM_KEEPALIVE_MS"); v && *v) ms = std::atof(v);
+    period_ = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(ms));
+    CK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    CK(cudaMalloc(&scratch_, 64));
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~InProcessKeepalive() {
+    stop_ = true;
+    thread_.join();
+    CK(cudaFree(scratch_));
+    CK(cudaStreamDestroy(stream_));
+  }
+  uint64_t rounds() const { return rounds_; }
+
+ private:
+  void Loop() {
+    char host[8] = {0x5a};
+    while (!stop_) {
+      std::this_thread::sleep_for(period_);
+      CK(cudaMemcpyAsync(scratch_, host, sizeof host, cudaMemcpyHostToDevice, stream_));
+      empty_kernel<<<1, 1, 0, stream_>>>();
+      CK(cudaGetLastError());
+      CK(cudaMemcpyAsync(host, scratch_, sizeof host, cudaMemcpyDeviceToHost, stream_));
+      CK(cudaStreamSynchronize(stream_));
+      ++rounds_;
+    }
+  }
+  Clock::duration period_{};
+  cudaStream_t stream_ = nullptr;
+  void* scratch_ = nullptr;
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> rounds_{0};
+  std::thread thread_;
+};
+
 // An error in --s2s mode: the reason for the n/a rows.
 std::string Why(const char* what, cudaError_t err) {
   return std::string(what) + ": " + cudaGetErrorName(err);
@@ -263,12 +309,16 @@ int main(int argc, char** argv) {
   const char* q = std::getenv("TANDEM_BENCH_QUICK");
   quick = q && *q && std::strcmp(q, "0") != 0;
   std::string mode = argc > 1 ? argv[1] : "";
+  bool keepalive = false;
   if (mode == "--idle-busy") {
     busy_gap = true;
     mode = "--idle";
+  } else if (mode == "--idle-keepalive") {
+    keepalive = true;
+    mode = "--idle";
   }
   if (mode != "" && mode != "--idle" && mode != "--no-idle" && mode != "--s2s") {
-    std::fprintf(stderr, "usage: cuda_bench [--idle | --idle-busy | --no-idle | --s2s]\n");
+    std::fprintf(stderr, "usage: cuda_bench [--idle | --idle-busy | --idle-keepalive | --no-idle | --s2s]\n");
     return 2;
   }
   if (mode == "--s2s") return PeerMain();
@@ -303,7 +353,13 @@ int main(int argc, char** argv) {
         Bandwidth(dev, pinned, s.label, s.bytes, Reps(s.reps, 3));
       }
   }
-  if (mode != "--no-idle") IdleReadback(dev);
+  if (keepalive) {
+    InProcessKeepalive k;
+    IdleReadback(dev);
+    std::fprintf(stderr, "cuda_bench: %llu in-process keepalive rounds\n", static_cast<unsigned long long>(k.rounds()));
+  } else if (mode != "--no-idle") {
+    IdleReadback(dev);
+  }
 
   CK(cudaFree(dev));
   CK(cudaDeviceSynchronize());

@@ -6,6 +6,11 @@
  *   opencl_bench          enqueue cost, copy latency, bandwidth, idle read-back
  *   opencl_bench --idle   only the warm and idle read-backs (run again with keepalive off)
  *   opencl_bench --no-idle  everything but the idle read-backs
+ *   opencl_bench --idle-keepalive  the idle read-backs with a keepalive inside the program:
+ *                         a thread of its own that, every TANDEM_KEEPALIVE_MS (default 2),
+ *                         writes 8 B, runs an empty kernel and reads 8 B back on a queue of
+ *                         its own, as tandemd's does (natively only: what a keepalive can do
+ *                         with no network in the path)
  *   opencl_bench --s2s    only device 0 -> device 1 copies in one context of both:
  *                         clEnqueueCopyBuffer on device 1's queue of a buffer last written
  *                         on device 0's, against a relay through the host (needs two
@@ -16,6 +21,7 @@
 #define CL_TARGET_OPENCL_VERSION 120
 #define _POSIX_C_SOURCE 200809L
 #include <CL/cl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -182,6 +188,65 @@ static void idle_readback(void) {
   free(t);
 }
 
+/* --idle-keepalive: tandemd's keepalive (server/backends/opencl/opencl_warm.cc), in the
+ * program, on the program's context and device. */
+static struct {
+  cl_command_queue queue;
+  cl_kernel kernel;
+  cl_mem scratch;
+  double period_ms;
+  int stop; /* under mu: set by the main thread after the read-backs */
+  pthread_mutex_t mu;
+  unsigned long rounds;
+  pthread_t thread;
+} ka = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void* keepalive_loop(void* arg) {
+  char host[8] = {0x5a};
+  size_t global = 1;
+  (void)arg;
+  for (;;) {
+    int stop;
+    sleep_ms(ka.period_ms);
+    pthread_mutex_lock(&ka.mu);
+    stop = ka.stop;
+    pthread_mutex_unlock(&ka.mu);
+    if (stop) return NULL;
+    CK(clEnqueueWriteBuffer(ka.queue, ka.scratch, CL_FALSE, 0, sizeof host, host, 0, NULL, NULL));
+    CK(clEnqueueNDRangeKernel(ka.queue, ka.kernel, 1, NULL, &global, NULL, 0, NULL, NULL));
+    CK(clEnqueueReadBuffer(ka.queue, ka.scratch, CL_TRUE, 0, sizeof host, host, 0, NULL, NULL));
+    ++ka.rounds;
+  }
+}
+
+static void keepalive_start(cl_device_id device, cl_program prog) {
+  const char* v = getenv("TANDEM_KEEPALIVE_MS");
+  cl_int err;
+  ka.period_ms = v && *v ? atof(v) : 2;
+  ka.queue = clCreateCommandQueue(ctx, device, 0, &err);
+  CK(err);
+  ka.scratch = clCreateBuffer(ctx, CL_MEM_READ_WRITE, 64, NULL, &err);
+  CK(err);
+  ka.kernel = clCreateKernel(prog, "empty", &err); /* its own: arguments are per kernel object */
+  CK(err);
+  CK(clSetKernelArg(ka.kernel, 0, sizeof ka.scratch, &ka.scratch));
+  if (pthread_create(&ka.thread, NULL, keepalive_loop, NULL) != 0) {
+    fprintf(stderr, "opencl_bench: cannot start the keepalive thread\n");
+    exit(1);
+  }
+}
+
+static void keepalive_stop(void) {
+  pthread_mutex_lock(&ka.mu);
+  ka.stop = 1;
+  pthread_mutex_unlock(&ka.mu);
+  pthread_join(ka.thread, NULL);
+  fprintf(stderr, "opencl_bench: %lu in-process keepalive rounds\n", ka.rounds);
+  CK(clReleaseKernel(ka.kernel));
+  CK(clReleaseMemObject(ka.scratch));
+  CK(clReleaseCommandQueue(ka.queue));
+}
+
 /* --s2s: an error is the reason for the n/a rows. */
 static char why[256];
 static const char* err_name(cl_int e) {
@@ -335,11 +400,12 @@ int main(int argc, char** argv) {
   static const int size_reps[] = {100, 10, 5};
 
   const char* mode = argc > 1 ? argv[1] : "";
-  int idle_only = strcmp(mode, "--idle") == 0, s2s = strcmp(mode, "--s2s") == 0;
+  int keepalive = strcmp(mode, "--idle-keepalive") == 0;
+  int idle_only = keepalive || strcmp(mode, "--idle") == 0, s2s = strcmp(mode, "--s2s") == 0;
   int no_idle = strcmp(mode, "--no-idle") == 0;
 
   if (argc > 2 || (*mode && !idle_only && !s2s && !no_idle)) {
-    fprintf(stderr, "usage: opencl_bench [--idle | --no-idle | --s2s]\n");
+    fprintf(stderr, "usage: opencl_bench [--idle | --idle-keepalive | --no-idle | --s2s]\n");
     return 2;
   }
   quick = q && *q && strcmp(q, "0") != 0;
@@ -399,7 +465,9 @@ int main(int argc, char** argv) {
     for (s = 0; s < 3; ++s)
       if (sizes[s] <= max_bytes) bandwidth(size_label[s], sizes[s], reps(size_reps[s], 3));
   }
+  if (keepalive) keepalive_start(device, prog);
   if (!no_idle) idle_readback();
+  if (keepalive) keepalive_stop();
 
   CK(clReleaseMemObject(dev_buf));
   CK(clReleaseKernel(kernel));

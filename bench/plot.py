@@ -61,6 +61,8 @@ if rows:
 if ka:
     series = [("keepalive on", [k.get("keepalive_on_over_warm") for k in ka], "tab:green"),
               ("keepalive off", [k.get("keepalive_off_over_warm") for k in ka], "tab:red")]
+    if any(k.get("bound_over_warm") is not None for k in ka):
+        series.append(("bound: the GPU's and program's share", [k.get("bound_over_warm") for k in ka], "tab:gray"))
     bars(axes[i], [k["name"] for k in ka], series, "idle read-back / warm read-back (target <= 1.3)", 1.3,
          "Idle read-back through Tandem" + quick)
 fig.tight_layout()

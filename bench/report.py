@@ -8,6 +8,7 @@ Files read (API is cuda or opencl; each holds `name value unit` or `name n/a rea
 lines, or one `# n/a (reason)` line when the whole run could not be made):
   API-native.txt  API-tandem.txt  API-shm.txt       main runs (native, Tandem, Tandem on shm)
   API-tandem-ka0.txt                                idle read-back with TANDEM_KEEPALIVE_MS=0
+  API-native-ka.txt                                 idle read-back natively, keepalive in the program
   API-s2s-native.txt  API-s2s-tandem.txt  API-s2s-shm.txt   device 0 -> 1 copies
   fabric-tandem.txt  fabric-shm.txt                 tandem_fabric_pingpong's output
   workloads.txt (name, servers, native n/a reason, tandem n/a reason; tab-separated) and
@@ -157,7 +158,8 @@ def fabric_values(raw, res):
         (r"^messages 1 MiB streamed.*?([0-9.]+) GB/s", ("stream_msg_1MiB",), "GB/s"),
         (r"^RMA read 64 MiB:.*?([0-9.]+) GB/s", ("rma_read_64MiB",), "GB/s"),
         (r"^RMA write 64 MiB:.*?([0-9.]+) GB/s", ("rma_write_64MiB",), "GB/s"),
-    ]
+    ] + [(r"^8 B round trip after %s ms idle: p50 ([0-9.]+) us" % re.escape(g), ("rtt_idle_%sms" % g,), "us")
+         for g in ("0.1", "1", "2", "5", "20", "100")]
     for line in raw:
         if line.startswith("n/a"):
             res["note"] = unparen(line[3:])
@@ -293,8 +295,8 @@ lines.append("s2s: device 0 -> 1 on two servers (natively: two devices); relay: 
 ka_rows = []
 for api in apis:
     pre = "cuda" if api == "cuda" else "ocl"
-    runs = [("native", col(api + "-native")), ("keepalive on", col(api + "-tandem")),
-            ("keepalive off", col(api + "-tandem-ka0"))]
+    runs = [("native", col(api + "-native")), ("native, keepalive in program", col(api + "-native-ka")),
+            ("keepalive on", col(api + "-tandem")), ("keepalive off", col(api + "-tandem-ka0"))]
     if shm:
         runs.append(("shm, on", col(api + "-shm")))
     warm_name = pre + "_readback_warm"
@@ -310,29 +312,47 @@ for api in apis:
             key = title.replace(", ", "_").replace(" ", "_")
             jr[key] = rnd(v, 4)
             jr[key + "_over_warm"] = rnd(over)
+        # The bound: Tandem's warm read plus what the same gap costs natively with the program
+        # keeping its GPU warm itself (no network in the path), over Tandem's warm read.
+        nk, tk = dict(runs)["native, keepalive in program"], dict(runs)["keepalive on"]
+        nk_v, nk_w, tk_w = nk.get(name)[0], nk.get(warm_name)[0], tk.get(warm_name)[0]
+        bound = None if None in (nk_v, nk_w, tk_w) or not tk_w else (tk_w + max(0.0, nk_v - nk_w)) / tk_w
+        row.append("-" if bound is None else "%.2f" % bound)
+        jr["bound_over_warm"] = rnd(bound)
         ka_rows.append(row)
         json_keepalive.append(jr)
 if ka_rows:
     hdr = ["idle read-back (p50)"]
     for title, _ in runs:
-        hdr += [title if title == "native" else "tandem " + title, "/warm"]
+        hdr += [title if title.startswith("native") else "tandem " + title, "/warm"]
+    hdr.append("bound")
     widths = [max(len(h), *(len(r[i]) for r in ka_rows)) for i, h in enumerate(hdr)]
     lines.append("")
     lines += table(hdr, ka_rows, widths)
     lines.append("/warm: idle read-back over the warm one (target <= 1.3 with keepalive on, default "
                  "TANDEM_KEEPALIVE_MS; off: TANDEM_KEEPALIVE_MS=0)")
+    lines.append("native, keepalive in program: the program's own thread keeps the GPU warm as tandemd does "
+                 "(--idle-keepalive)")
+    lines.append("bound: (tandem's warm read + that native run's idle cost) / tandem's warm read: the GPU's and "
+                 "the program's own share of the idle cost, before the network's")
 
 # ---- raw fabric ----
 fab_rows, json_fabric = [], []
 fab_names = [("rtt_8B_p50", "8 B round trip p50"), ("rtt_8B_p90", "8 B round trip p90"),
              ("stream_msg_1MiB", "1 MiB messages streamed"), ("rma_read_64MiB", "RMA read 64 MiB"),
-             ("rma_write_64MiB", "RMA write 64 MiB")]
+             ("rma_write_64MiB", "RMA write 64 MiB")] + [
+                 ("rtt_idle_%sms" % g, "8 B round trip after %s ms quiet" % g) for g in ("0.1", "1", "2", "5", "20", "100")]
+# The gaps only where some provider measured them (a quick run does not).
+fab_names = [(key, title) for key, title in fab_names
+             if not key.startswith("rtt_idle_") or any(key in fab[k]["values"] for k in columns)]
 for key, title in fab_names:
     row = [title]
     for k in columns:
         f = fab[k]
         v = f["values"].get(key)
-        row.append(cell((None, "", f["note"] or "missing")) if v is None else "%s %s" % (fmt(v[0]), v[1]))
+        warm = f["values"].get("rtt_8B_p50")
+        over = " (%.2fx)" % (v[0] / warm[0]) if v is not None and key.startswith("rtt_idle_") and warm else ""
+        row.append(cell((None, "", f["note"] or "missing")) if v is None else "%s %s%s" % (fmt(v[0]), v[1], over))
         if v is not None:
             json_fabric.append({"provider": f["provider"] or (args.provider if k == "tandem" else "shm"),
                                 "name": "fabric_" + key, "value": v[0], "unit": v[1]})
@@ -342,6 +362,9 @@ hdr = ["raw fabric (tandem_fabric_pingpong)"] + [
 widths = [max(len(h), *(len(r[i]) for r in fab_rows)) for i, h in enumerate(hdr)]
 lines.append("")
 lines += table(hdr, fab_rows, widths)
+if any(key.startswith("rtt_idle_") for key, _ in fab_names):
+    lines.append("after N ms quiet: every thread on the path polling through the gap (no sleep anywhere); "
+                 "(x): over the warm p50")
 
 # ---- workloads ----
 work_rows, json_work = [], []

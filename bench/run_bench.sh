@@ -9,6 +9,7 @@
 # What it runs, for each API (natively, then through Tandem):
 #   main run        launch, copy latency, bandwidth, idle read-back (one server)
 #   --idle again   through Tandem with TANDEM_KEEPALIVE_MS=0 (keepalive off)
+#   --idle-keepalive  natively, with the program's own thread keeping the GPU warm
 #   --s2s           device 0 -> device 1 copy against a relay through the client (two
 #                   servers; natively only with two devices, else n/a)
 #   tandem(shm)     the Tandem half again over the shm provider (see TANDEM_BENCH_SHM)
@@ -18,7 +19,8 @@
 #                   examples/cuda/remd (one and two servers) when built; skipped otherwise. With one
 #                   GPU, remd_2srv_mps again with both servers (and the native run) on NVIDIA's
 #                   MPS, as the two servers would run on two GPUs (scripts/lib/mps.sh)
-# and the raw fabric limit (tandem_fabric_pingpong) of each provider used.
+# and the raw fabric limit (tandem_fabric_pingpong) of each provider used, its round trip
+# also after 0.1-100 ms of quiet with every thread on the path polling (--idle).
 # Environment:
 #   TANDEM_BENCH_QUICK=1        tiny repetition counts, sizes up to 1 MiB, no workloads
 #                               and no shm column by default (the ctest bench_smoke)
@@ -27,8 +29,8 @@
 #                               full runs, off in quick runs; n/a when shm does not work
 #   TANDEM_BENCH_ROUNDS=N       native and Tandem (tcp) runs of each program, alternating;
 #                               each row is their median (default 3; 1 in quick runs), the
-#                               idle read-backs with keepalive off, the shm column and the
-#                               pingpong too
+#                               idle read-backs with keepalive off and natively with one in
+#                               the program, the shm column and the pingpong too
 # Exit status: 0 when every main program ran, every output line parsed and the table
 # printed. Rows that cannot be measured here (one device, a provider that is missing, a
 # server-to-server path not there yet) are n/a with their reason and do not fail the run.
@@ -76,9 +78,9 @@ export TANDEM_FAILOVER_TIMEOUT_MS=600000
 export POCL_CACHE_DIR=${POCL_CACHE_DIR:-$work/pocl-cache}
 mkdir -p "$POCL_CACHE_DIR"
 if ((QUICK)); then
-  RUN_TIMEOUT=60 PING_ITERS=200 WORK_TIMEOUT=60 S2S_LABEL=1MiB ROUNDS=${TANDEM_BENCH_ROUNDS:-1}
+  PING_IDLE="" RUN_TIMEOUT=60 PING_ITERS=200 WORK_TIMEOUT=60 S2S_LABEL=1MiB ROUNDS=${TANDEM_BENCH_ROUNDS:-1}
 else
-  RUN_TIMEOUT=600 PING_ITERS=10000 WORK_TIMEOUT=180 S2S_LABEL=256MiB ROUNDS=${TANDEM_BENCH_ROUNDS:-3}
+  PING_IDLE="--idle 1" RUN_TIMEOUT=600 PING_ITERS=10000 WORK_TIMEOUT=180 S2S_LABEL=256MiB ROUNDS=${TANDEM_BENCH_ROUNDS:-3}
 fi
 
 # Native OpenCL (NVIDIA's, else PoCL), both ICD loaders pinned to it.
@@ -253,6 +255,19 @@ bench() {
       median_rows "$api-tandem-ka0" || fail "$api: the rounds' medians with keepalive off"
       check "$OUT/$api-tandem-ka0.txt"
     fi
+    # What a keepalive can do with no network in the path: the program's own thread keeps the
+    # GPU warm as tandemd's would. Tandem's warm read plus this run's idle cost is as low as an
+    # idle read-back through Tandem can be expected to go (report.py's "bound" column).
+    log "$api: idle read-back natively, with a keepalive inside the program"
+    run_native "$api-native-ka" "$prog" --idle-keepalive; rc=$?
+    if ((rc)); then fail "$api natively with a keepalive: $(reason "$api-native-ka" $rc)"
+    else
+      for ((r = 2; r <= ROUNDS; ++r)); do
+        run_native "$api-native-ka.r$r" "$prog" --idle-keepalive || drop_round "$api-native-ka.r$r" $?
+      done
+      median_rows "$api-native-ka" || fail "$api: the rounds' medians natively with a keepalive"
+      check "$OUT/$api-native-ka.txt"
+    fi
   else
     fail "no $backend server ($PROVIDER)"
   fi
@@ -386,7 +401,7 @@ pingpong() {
   for ((r = 1; r <= ROUNDS; ++r)); do
     name=fabric-$2; ((r > 1)) && name+=.r$r
     # shellcheck disable=SC2046
-    env $(prov_env "$prov") timeout -k 5 "$RUN_TIMEOUT" "$PING" --provider "$prov" --iters "$PING_ITERS" \
+    env $(prov_env "$prov") timeout -k 5 "$RUN_TIMEOUT" "$PING" --provider "$prov" --iters "$PING_ITERS" $PING_IDLE \
       >"$OUT/$name.txt" 2>"$OUT/$name.log"; rc=$?
     ((rc == 0)) && continue
     if ((r == 1)); then

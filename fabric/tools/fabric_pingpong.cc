@@ -1,8 +1,12 @@
 // Raw fabric limits on the chosen provider, on one path: the round trip of 8 B messages
 // (p50, p90), streaming bandwidth of 1 MiB messages sent back to back (64 MiB, one small
 // acknowledgement at the end) and of 64 MiB RMA reads and writes. Client and server run in
-// one process (two endpoints) unless --listen / --connect split them over two.
-//   tandem_fabric_pingpong [--provider P] [--iters N] [--spin-us N]
+// one process (two endpoints) unless --listen / --connect split them over two. With --idle 1,
+// also the round trip after the link has been quiet for 0.1-100 ms: the measuring thread
+// busy-waits through each gap and both endpoints' progress threads poll throughout (spin
+// 1 s; a --listen server only with its own --spin-us), so what is left is the provider's,
+// the kernel's and the machine's.
+//   tandem_fabric_pingpong [--provider P] [--iters N] [--spin-us N] [--idle 1]
 //   tandem_fabric_pingpong --listen host:port      (server: echoes, exposes a 64 MiB region)
 //   tandem_fabric_pingpong --connect host:port     (client: measures)
 #include <algorithm>
@@ -57,21 +61,50 @@ void Serve(fab::Endpoint& ep, bool forever) {
   }
 }
 
-void Measure(fab::Endpoint& ep, const std::string& server, int iters) {
+double PingUs(fab::Endpoint& ep, fab::PeerId peer) {
+  auto t0 = Clock::now();
+  if (auto st = ep.Send(peer, std::vector<uint8_t>(8, 1)); !st.ok()) Die("send", st);
+  auto ev = ep.Next(kTimeout);
+  if (!ev.ok()) Die("ping", ev.status());
+  return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// `server`: the other endpoint when both are in this process, else null.
+void Measure(fab::Endpoint& ep, fab::Endpoint* server_ep, const std::string& server, int iters, bool idle, int spin_us) {
   auto peer = ep.Connect(server, kTimeout);
   if (!peer.ok()) Die("connect", peer.status());
   std::vector<double> rtt;
   for (int i = 0; i < iters + 100; ++i) {
-    auto t0 = Clock::now();
-    if (auto st = ep.Send(*peer, std::vector<uint8_t>(8, 1)); !st.ok()) Die("send", st);
-    auto ev = ep.Next(kTimeout);
-    if (!ev.ok()) Die("ping", ev.status());
-    if (i >= 100) rtt.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+    const double us = PingUs(ep, *peer);
+    if (i >= 100) rtt.push_back(us);
   }
   std::sort(rtt.begin(), rtt.end());
   std::printf("provider %s (libfabric %s)\n", ep.provider().c_str(), fab::LibfabricVersion().c_str());
   std::printf("8 B round trip: p50 %.1f us, p90 %.1f us (%d iterations)\n", rtt[rtt.size() / 2],
               rtt[rtt.size() * 9 / 10], iters);
+  if (idle) {
+    constexpr int kPollUs = 1000000;
+    ep.SetSpin(kPollUs);
+    if (server_ep) server_ep->SetSpin(kPollUs);
+    struct Gap { double ms; int reps; };
+    for (Gap g : {Gap{0.1, 200}, Gap{1, 200}, Gap{2, 200}, Gap{5, 100}, Gap{20, 50}, Gap{100, 20}}) {
+      std::vector<double> t;
+      for (int r = 0; r < g.reps; ++r) {
+        const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(g.ms));
+        while (Clock::now() < until) {
+        }
+        t.push_back(PingUs(ep, *peer));
+      }
+      std::printf("8 B round trip after %g ms idle: p50 %.1f us (%d)\n", g.ms, Median(t), g.reps);
+    }
+    ep.SetSpin(spin_us);
+    if (server_ep) server_ep->SetSpin(spin_us);
+  }
 
   // Streaming: 64 MiB as 1 MiB messages back to back, timed until the acknowledgement of a
   // last small message (delivery is in order) comes back.
@@ -116,6 +149,7 @@ int main(int argc, char** argv) {
   fab::Options opt;
   std::string listen, connect;
   int iters = 10000;
+  bool idle = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
     if (a == "--provider") opt.provider = argv[i + 1];
@@ -123,13 +157,14 @@ int main(int argc, char** argv) {
     else if (a == "--connect") connect = argv[i + 1];
     else if (a == "--iters") iters = std::atoi(argv[i + 1]);
     else if (a == "--spin-us") opt.spin_us = std::atoi(argv[i + 1]);
+    else if (a == "--idle") idle = std::atoi(argv[i + 1]) != 0;
   }
   // shm's cross-memory attach needs ptrace rights that containers drop.
   setenv("FI_SHM_DISABLE_CMA", "1", 0);
   if (!connect.empty()) {
     auto ep = fab::Endpoint::Open(opt);
     if (!ep.ok()) Die("open", ep.status());
-    Measure(**ep, connect, iters);
+    Measure(**ep, nullptr, connect, iters, idle, opt.spin_us);
     return 0;
   }
   fab::Options server_opt = opt;
@@ -144,7 +179,7 @@ int main(int argc, char** argv) {
   std::thread serving([&] { Serve(**server, false); });
   auto client = fab::Endpoint::Open(opt);
   if (!client.ok()) Die("open", client.status());
-  Measure(**client, (*server)->address(), iters);
+  Measure(**client, server->get(), (*server)->address(), iters, idle, opt.spin_us);
   serving.join();
   return 0;
 }
