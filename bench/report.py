@@ -128,6 +128,10 @@ def rnd(v, digits=3):
 
 
 # ---- the raw fabric, per provider ----
+# The quiet gaps of `tandem_fabric_pingpong --idle 1`, in ms, as it prints them.
+FABRIC_GAPS = ("0.1", "1", "2", "5", "20", "100")
+
+
 def fabric(path):
     """The pingpong's figures: each the median over its rounds (path, then path's .rN files)."""
     res = {"provider": None, "note": None, "raw": [], "values": {}}
@@ -159,7 +163,7 @@ def fabric_values(raw, res):
         (r"^RMA read 64 MiB:.*?([0-9.]+) GB/s", ("rma_read_64MiB",), "GB/s"),
         (r"^RMA write 64 MiB:.*?([0-9.]+) GB/s", ("rma_write_64MiB",), "GB/s"),
     ] + [(r"^8 B round trip after %s ms idle: p50 ([0-9.]+) us" % re.escape(g), ("rtt_idle_%sms" % g,), "us")
-         for g in ("0.1", "1", "2", "5", "20", "100")]
+         for g in FABRIC_GAPS]
     for line in raw:
         if line.startswith("n/a"):
             res["note"] = unparen(line[3:])
@@ -301,6 +305,10 @@ for api in apis:
         runs.append(("shm, on", col(api + "-shm")))
     warm_name = pre + "_readback_warm"
     names = [warm_name] + [n for n in runs[0][1].order if n.startswith(pre + "_readback_idle_")]
+    # The bound: Tandem's warm read plus what the same gap costs natively with the program
+    # keeping its GPU warm itself (no network in the path), over Tandem's warm read.
+    nk, tk = dict(runs)["native, keepalive in program"], dict(runs)["keepalive on"]
+    nk_w, tk_w = nk.get(warm_name)[0], tk.get(warm_name)[0]
     for name in names:
         row = [name.replace(pre + "_readback_", pre + " ")]
         jr = {"name": name, "unit": "us"}
@@ -312,10 +320,7 @@ for api in apis:
             key = title.replace(", ", "_").replace(" ", "_")
             jr[key] = rnd(v, 4)
             jr[key + "_over_warm"] = rnd(over)
-        # The bound: Tandem's warm read plus what the same gap costs natively with the program
-        # keeping its GPU warm itself (no network in the path), over Tandem's warm read.
-        nk, tk = dict(runs)["native, keepalive in program"], dict(runs)["keepalive on"]
-        nk_v, nk_w, tk_w = nk.get(name)[0], nk.get(warm_name)[0], tk.get(warm_name)[0]
+        nk_v = nk.get(name)[0]
         bound = None if None in (nk_v, nk_w, tk_w) or not tk_w else (tk_w + max(0.0, nk_v - nk_w)) / tk_w
         row.append("-" if bound is None else "%.2f" % bound)
         jr["bound_over_warm"] = rnd(bound)
@@ -341,7 +346,7 @@ fab_rows, json_fabric = [], []
 fab_names = [("rtt_8B_p50", "8 B round trip p50"), ("rtt_8B_p90", "8 B round trip p90"),
              ("stream_msg_1MiB", "1 MiB messages streamed"), ("rma_read_64MiB", "RMA read 64 MiB"),
              ("rma_write_64MiB", "RMA write 64 MiB")] + [
-                 ("rtt_idle_%sms" % g, "8 B round trip after %s ms quiet" % g) for g in ("0.1", "1", "2", "5", "20", "100")]
+                 ("rtt_idle_%sms" % g, "8 B round trip after %s ms quiet" % g) for g in FABRIC_GAPS]
 # The gaps only where some provider measured them (a quick run does not).
 fab_names = [(key, title) for key, title in fab_names
              if not key.startswith("rtt_idle_") or any(key in fab[k]["values"] for k in columns)]

@@ -74,7 +74,7 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// `server`: the other endpoint when both are in this process, else null.
+// `server_ep`: the endpoint at `server` when both are in this process, else null.
 void Measure(fab::Endpoint& ep, fab::Endpoint* server_ep, const std::string& server, int iters, bool idle, int spin_us) {
   auto peer = ep.Connect(server, kTimeout);
   if (!peer.ok()) Die("connect", peer.status());
