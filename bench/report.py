@@ -11,6 +11,7 @@ lines, or one `# n/a (reason)` line when the whole run could not be made):
   API-native-ka.txt                                 idle read-back natively, keepalive in the program
   API-s2s-native.txt  API-s2s-tandem.txt  API-s2s-shm.txt   device 0 -> 1 copies
   fabric-tandem.txt  fabric-shm.txt                 tandem_fabric_pingpong's output
+  fabric-raw-tandem.txt  fabric-raw-shm.txt         libfabric's fi_pingpong (round trips), if installed
   workloads.txt (name, servers, native n/a reason, tandem n/a reason; tab-separated) and
   work-NAME-native.txt / work-NAME-tandem.txt       the examples' stdout (`time: X s`)
 Ratios are Tandem's cost over native (time: tandem/native, GB/s: native/tandem; >1 slower),
@@ -130,6 +131,8 @@ def rnd(v, digits=3):
 # ---- the raw fabric, per provider ----
 # The quiet gaps of `tandem_fabric_pingpong --idle 1`, in ms, as it prints them.
 FABRIC_GAPS = ("0.1", "1", "2", "5", "20", "100")
+# The message sizes of libfabric's fi_pingpong runs (run_bench.sh's raw_pingpong).
+RAW_SIZES = ("8", "256")
 
 
 def fabric(path):
@@ -163,7 +166,8 @@ def fabric_values(raw, res):
         (r"^RMA read 64 MiB:.*?([0-9.]+) GB/s", ("rma_read_64MiB",), "GB/s"),
         (r"^RMA write 64 MiB:.*?([0-9.]+) GB/s", ("rma_write_64MiB",), "GB/s"),
     ] + [(r"^8 B round trip after %s ms idle: p50 ([0-9.]+) us" % re.escape(g), ("rtt_idle_%sms" % g,), "us")
-         for g in FABRIC_GAPS]
+         for g in FABRIC_GAPS] + [
+        (r"^fi_pingpong %s B round trip: mean ([0-9.]+) us" % b, ("fi_rtt_%sB" % b,), "us") for b in RAW_SIZES]
     for line in raw:
         if line.startswith("n/a"):
             res["note"] = unparen(line[3:])
@@ -182,6 +186,11 @@ def fabric_values(raw, res):
 fab = {"tandem": fabric(os.path.join(OUT, "fabric-tandem.txt"))}
 if args.shm:
     fab["shm"] = fabric(os.path.join(OUT, "fabric-shm.txt"))
+# The provider alone (fi_pingpong), where it ran: its figures join the pingpong's.
+for k in list(fab):
+    raw = fabric(os.path.join(OUT, "fabric-raw-%s.txt" % ("tandem" if k == "tandem" else "shm")))
+    fab[k]["values"].update(raw["values"])
+    fab[k]["raw"] += ["fi_pingpong: " + l for l in raw["raw"]]
 
 
 def wire(kind, name, unit, tandem):
@@ -346,10 +355,11 @@ fab_rows, json_fabric = [], []
 fab_names = [("rtt_8B_p50", "8 B round trip p50"), ("rtt_8B_p90", "8 B round trip p90"),
              ("stream_msg_1MiB", "1 MiB messages streamed"), ("rma_read_64MiB", "RMA read 64 MiB"),
              ("rma_write_64MiB", "RMA write 64 MiB")] + [
-                 ("rtt_idle_%sms" % g, "8 B round trip after %s ms quiet" % g) for g in FABRIC_GAPS]
-# The gaps only where some provider measured them (a quick run does not).
+                 ("rtt_idle_%sms" % g, "8 B round trip after %s ms quiet" % g) for g in FABRIC_GAPS] + [
+                 ("fi_rtt_%sB" % b, "provider alone: %s B round trip (mean)" % b) for b in RAW_SIZES]
+# The gaps and fi_pingpong's rows only where some provider measured them.
 fab_names = [(key, title) for key, title in fab_names
-             if not key.startswith("rtt_idle_") or any(key in fab[k]["values"] for k in columns)]
+             if not key.startswith(("rtt_idle_", "fi_rtt_")) or any(key in fab[k]["values"] for k in columns)]
 for key, title in fab_names:
     row = [title]
     for k in columns:
@@ -370,6 +380,38 @@ lines += table(hdr, fab_rows, widths)
 if any(key.startswith("rtt_idle_") for key, _ in fab_names):
     lines.append("after N ms quiet: every thread on the path polling through the gap (no sleep anywhere); "
                  "(x): over the warm p50")
+if any(key.startswith("fi_rtt_") for key, _ in fab_names):
+    lines.append("provider alone: libfabric's fi_pingpong, one thread per side polling its CQ; the rows above go "
+                 "through Tandem's fabric layer")
+
+# ---- the launch + synchronize target, against both wires ----
+# <= native + 1 fabric round trip + 5 us: the round trip of Tandem's own fabric layer (the
+# table's "x wire"), and where fi_pingpong ran, of the provider alone (its 256 B messages:
+# Tandem's batches are larger than rxm's inject size).
+sync_rows = [("cuda", "cuda_launch_sync"), ("opencl", "ocl_enqueue_finish")]
+target_lines = []
+for api, name in sync_rows:
+    if api not in apis:
+        continue
+    nv = col(api + "-native").get(name)[0]
+    for k in columns:
+        tv = col(api + ("-tandem" if k == "tandem" else "-shm")).get(name)[0]
+        vals = fab[k]["values"]
+        if nv is None or tv is None:
+            continue
+        parts = []
+        for key, what in (("rtt_8B_p50", "Tandem's fabric layer"), ("fi_rtt_256B", "provider alone")):
+            if key in vals:
+                bound = nv + vals[key][0] + 5
+                parts.append("%s %s -> %s us, %s" % (what, fmt(vals[key][0]), fmt(bound),
+                                                     "met" if tv <= bound else "missed by %s us" % fmt(tv - bound)))
+        if parts:
+            target_lines.append("%s (%s): %s us against native %s + wire + 5: %s" % (
+                name, label[k], fmt(tv), fmt(nv), "; ".join(parts)))
+if target_lines:
+    lines.append("")
+    lines.append("launch + synchronize target (<= native + 1 fabric round trip + 5 us):")
+    lines += ["  " + l for l in target_lines]
 
 # ---- workloads ----
 work_rows, json_work = [], []

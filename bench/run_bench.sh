@@ -421,6 +421,42 @@ else
   fail "not built: $PING"
 fi
 
+# The provider alone: libfabric's own fi_pingpong (package libfabric-bin; FI_PINGPONG names
+# another), one thread per side busy-polling its CQ, where it is installed. Beside
+# tandem_fabric_pingpong it shows what Tandem's fabric layer adds to the round trip. It prints
+# half a round trip, averaged: fabric-raw-K.txt holds the round trip (x2), 8 B and 256 B (above
+# rxm's inject size, as Tandem's batches are).
+FPP=${FI_PINGPONG:-$(command -v fi_pingpong || true)}
+raw_pingpong() {  # raw_pingpong PROVIDER KEY
+  local prov=$1 r size port srv half name
+  [[ $prov == tcp* ]] && prov=tcp  # with -e rdm, libfabric 1.17 layers rxm over it
+  for ((r = 1; r <= ROUNDS; ++r)); do
+    name=fabric-raw-$2; ((r > 1)) && name+=.r$r
+    : >"$OUT/$name.txt"
+    for size in 8 256; do
+      port=$(free_port)
+      # shellcheck disable=SC2046
+      env $(prov_env "$1") timeout -k 5 60 "$FPP" -p "$prov" -e rdm -I 20000 -S $size -B "$port" \
+        >/dev/null 2>>"$OUT/$name.log" &
+      srv=$!
+      sleep 0.5
+      # shellcheck disable=SC2046
+      half=$(env $(prov_env "$1") timeout -k 5 60 "$FPP" -p "$prov" -e rdm -I 20000 -S $size -P "$port" 127.0.0.1 \
+        2>>"$OUT/$name.log" | awk 'NR == 2 { print $7 }')
+      wait $srv 2>/dev/null
+      [[ -n $half ]] && awk -v s=$size -v h="$half" 'BEGIN { printf "fi_pingpong %s B round trip: mean %.2f us\n", s, 2 * h }' \
+        >>"$OUT/$name.txt"
+    done
+    [[ -s $OUT/$name.txt ]] || echo "n/a (fi_pingpong failed: $(tail -1 "$OUT/$name.log" 2>/dev/null))" >"$OUT/$name.txt"
+  done
+}
+if [[ -x $FPP ]]; then
+  raw_pingpong "$PROVIDER" tandem
+  if ((SHM)) && ((shm_ok)); then raw_pingpong shm shm; fi
+else
+  log "fi_pingpong not found (package libfabric-bin): the table shows no provider-alone round trip"
+fi
+
 # The table and bench.json.
 python3 "$HERE/report.py" --out "$OUT" --quick "$QUICK" --gpu "$gpu" --provider "$PROVIDER" --shm "$SHM" \
   --host "$(hostname)" --apis "${apis[*]:-}" | tee "$OUT/table.txt"

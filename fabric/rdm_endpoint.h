@@ -1,6 +1,8 @@
 // The libfabric RDM implementation of Endpoint. One endpoint, one CQ, one AV (FI_AV_TABLE),
-// one progress thread. Callers post sends and RMA directly (the domain is FI_THREAD_SAFE);
-// only the progress thread reads the CQ, and everything it finds is dispatched under mu_.
+// one progress thread. Callers post sends and RMA directly (the domain is FI_THREAD_SAFE).
+// One thread reads the CQ at a time (cq_mu_): a caller spinning in Next() for its next message
+// reads it itself while the progress thread stays off it, and the progress thread otherwise;
+// everything read is dispatched under mu_.
 #pragma once
 
 #include <atomic>
@@ -23,6 +25,9 @@
 namespace tandem::fabric {
 
 using Clock = std::chrono::steady_clock;
+
+// Completions read at once.
+constexpr int kCqBatch = 16;
 
 // Every posted operation's context starts with fi_context2 (mode FI_CONTEXT | FI_CONTEXT2:
 // the provider owns those bytes until the completion).
@@ -178,6 +183,12 @@ class RdmEndpoint final : public Endpoint {
 
   // Progress (rdm_progress.cc).
   void ProgressLoop();
+  // fi_cq_read into entries (kCqBatch of them); cq_mu_ held. With `polite`, a caller about to
+  // post a message goes first (-FI_EAGAIN, nothing read): blocked on the provider's lock, that
+  // caller would sleep in the kernel, and the reply to what it sends waits for its wake-up.
+  ssize_t ReadCq(fi_cq_data_entry* entries, bool polite);
+  // Posts a caller's message (fi_inject, fi_send) between two reads of the CQ, not during one.
+  ssize_t PostBetweenReads(const std::function<ssize_t()>& post);
   void Dispatch(const fi_cq_data_entry* entries, ssize_t n);
   void DispatchError();
   void RetryDeferred();
@@ -206,6 +217,10 @@ class RdmEndpoint final : public Endpoint {
   std::atomic<bool> stop_{false};
   std::atomic<bool> deferred_{false};  // something in the *_deferred_ / rma_stalled_ lists
   std::atomic<int> waiters_{0};  // callers waiting on -FI_EAGAIN or a buffer: keep spinning
+  std::mutex cq_mu_;                // held by whoever reads the CQ and dispatches what it read
+  std::atomic<int> cq_callers_{0};  // callers spinning in Next() that read the CQ themselves
+  std::atomic<int> posting_{0};     // callers in PostBetweenReads
+  std::atomic<bool> reading_{false};  // a thread is inside fi_cq_read
 
   std::mutex mu_;
   std::condition_variable cv_;  // connections, RMA ops and send buffers change state

@@ -311,12 +311,12 @@ Status RdmEndpoint::Defer(std::unique_ptr<SendOp> op, Clock::time_point deadline
 }
 
 Status RdmEndpoint::PostWithRetry(const char* what, Clock::time_point deadline, const std::function<ssize_t()>& post) {
-  ssize_t r = post();
+  ssize_t r = PostBetweenReads(post);
   if (r == -FI_EAGAIN) {
     // The provider needs progress: keep the progress thread spinning while we retry.
     ++waiters_;
     Kick();
-    while ((r = post()) == -FI_EAGAIN && Clock::now() < deadline) std::this_thread::yield();
+    while ((r = PostBetweenReads(post)) == -FI_EAGAIN && Clock::now() < deadline) std::this_thread::yield();
     --waiters_;
   }
   if (r == 0) return Status::Ok();
@@ -361,9 +361,30 @@ void RdmEndpoint::ReleaseBuffer(Buffer b) {
 }
 
 Result<Event> RdmEndpoint::Next(Millis timeout) {
-  // A reply usually follows within microseconds: look for it a moment before sleeping.
+  // A reply usually follows within microseconds: look for it a moment before sleeping, reading
+  // the CQ from this thread (the progress thread stays off it meanwhile), so what arrives needs
+  // no hand-over from another thread.
   auto spin_end = Clock::now() + std::min<Clock::duration>(std::chrono::microseconds(spin_us_.load()), timeout);
-  while (events_pending_ == 0 && Clock::now() < spin_end) std::this_thread::yield();
+  if (events_pending_ == 0 && Clock::now() < spin_end) {
+    cq_callers_.fetch_add(1);
+    if (!progress_hot_.load()) Kick();  // out of a blocking wait, which holds the CQ
+    fi_cq_data_entry entries[kCqBatch];
+    for (unsigned polls = 1; events_pending_ == 0 && Clock::now() < spin_end; ++polls) {
+      // Politely, but a reader kept out by posters for long reads anyway (they wait for it).
+      const bool polite = polls % 64 != 0;
+      std::unique_lock<std::mutex> cq(cq_mu_, std::try_to_lock);
+      if (cq.owns_lock()) {
+        const ssize_t n = ReadCq(entries, polite);
+        if (n > 0) Dispatch(entries, n);
+        else if (n == -FI_EAVAIL) DispatchError();
+        cq.unlock();
+      }
+      if (deferred_) RetryDeferred();  // the progress thread naps meanwhile
+      // Now and then the CPU goes to another thread: on a few cores the one that answers.
+      if (!polite) std::this_thread::yield();
+    }
+    cq_callers_.fetch_sub(1);
+  }
   std::unique_lock<std::mutex> lock(events_mu_);
   events_cv_.wait_for(lock, timeout, [&] { return !events_.empty() || interrupted_; });
   if (interrupted_) {

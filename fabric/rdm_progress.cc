@@ -1,19 +1,22 @@
-// The progress thread: the only reader of the CQ. Manual-progress providers (rxm, shm) move
-// nothing, not even the target side of an RMA, unless someone polls, so it always runs: it
-// spins for spin_us after activity (or while a caller waits on the provider), then blocks.
+// The progress thread. Manual-progress providers (rxm, shm) move nothing, not even the target
+// side of an RMA, unless someone polls, so it always runs: it reads the CQ, spinning for
+// spin_us after activity (or while a caller waits on the provider), then blocking. While a
+// caller spins in Next() it reads the CQ itself (the message it waits for then needs no
+// hand-over between threads) and this thread stays off the CQ and the provider's locks.
 #include <rdma/fi_errno.h>
 
 #include <unordered_set>
 
 #include "rdm_endpoint.h"
 #include "tandem/log.h"
+#include "tandem/spin.h"
 
 namespace tandem::fabric {
 namespace {
 
-constexpr int kBatch = 16;
 constexpr int kBlockMs = 50;                        // longest sleep in fi_cq_sread
 constexpr auto kNap = std::chrono::microseconds(200);  // sleep when the CQ has no wait object
+constexpr auto kCallerNap = std::chrono::microseconds(20);  // sleep while a caller reads the CQ
 
 }  // namespace
 
@@ -23,11 +26,43 @@ void RdmEndpoint::Kick() {
   if (r != 0) log::Debug("fabric: fi_cq_signal: {}", fi_strerror(-r));
 }
 
+ssize_t RdmEndpoint::ReadCq(fi_cq_data_entry* entries, bool polite) {
+  // seq_cst on both sides (posting_ then reading_ here, the reverse there): a reader and a
+  // poster never both go ahead.
+  if (polite && posting_.load() > 0) return -FI_EAGAIN;
+  reading_.store(true);
+  if (polite && posting_.load() > 0) {
+    reading_.store(false);
+    return -FI_EAGAIN;
+  }
+  const ssize_t n = fi_cq_read(h_->cq, entries, kCqBatch);
+  reading_.store(false);
+  return n;
+}
+
+ssize_t RdmEndpoint::PostBetweenReads(const std::function<ssize_t()>& post) {
+  posting_.fetch_add(1);
+  while (reading_.load()) CpuRelax();  // one fi_cq_read at most: readers let posters go first
+  const ssize_t r = post();
+  posting_.fetch_sub(1);
+  return r;
+}
+
 void RdmEndpoint::ProgressLoop() {
-  fi_cq_data_entry entries[kBatch];
+  fi_cq_data_entry entries[kCqBatch];
   auto last_activity = Clock::now();
   while (!stop_) {
-    ssize_t n = fi_cq_read(h_->cq, entries, kBatch);
+    if (cq_callers_.load() > 0) {
+      // A caller in Next() reads the CQ and posts what was deferred. This thread naps: spinning
+      // beside it, even politely, made the tcp round trip slower (H100, 2026-11-26-e), and it
+      // spins again after the caller leaves, as after any activity.
+      progress_hot_.store(true);
+      std::this_thread::sleep_for(kCallerNap);
+      last_activity = Clock::now();
+      continue;
+    }
+    std::unique_lock<std::mutex> cq(cq_mu_);
+    ssize_t n = ReadCq(entries, /*polite=*/true);
     if (n == -FI_EAGAIN) {
       if (deferred_) RetryDeferred();
       const auto spin = std::chrono::microseconds(spin_us_.load(std::memory_order_relaxed));
@@ -35,6 +70,7 @@ void RdmEndpoint::ProgressLoop() {
       progress_hot_.store(spinning);
       if (spinning) {
         // Spin politely: on a few cores the thread that will answer may need this one.
+        cq.unlock();
         std::this_thread::yield();
         continue;
       }
@@ -44,8 +80,10 @@ void RdmEndpoint::ProgressLoop() {
       // Deferred work waits on the provider: retry soon, but never spin for it on a busy machine.
       int block_ms = deferred_ ? 1 : kBlockMs;
       if (can_block_) {
-        n = fi_cq_sread(h_->cq, entries, kBatch, nullptr, block_ms);
+        // A caller that starts spinning in Next() meanwhile kicks this wait short.
+        n = fi_cq_sread(h_->cq, entries, kCqBatch, nullptr, block_ms);
       } else {
+        cq.unlock();
         std::this_thread::sleep_for(kNap);
         continue;
       }

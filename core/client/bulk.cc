@@ -11,6 +11,7 @@
 
 #include "tandem/client/completion.h"
 #include "tandem/client/runtime.h"
+#include "tandem/spin.h"
 #include "session.h"
 #include "stats.h"
 #include "tandem/log.h"
@@ -28,8 +29,7 @@ Status Completion::Wait() {
   // sleeping (a wake-up from the kernel is a good part of a small read back's latency).
   if (KeepaliveInterval() != Clock::duration::zero()) {
     const auto until = start + std::chrono::microseconds(200);
-    while (!done_.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < until)
-      std::this_thread::yield();
+    for (SpinPause p; !done_.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < until;) p.Once();
   }
   std::unique_lock<std::mutex> l(m_);
   cv_.wait(l, [&] { return done_.load(std::memory_order_relaxed); });
