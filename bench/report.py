@@ -15,8 +15,8 @@ lines, or one `# n/a (reason)` line when the whole run could not be made):
   workloads.txt (name, servers, native n/a reason, tandem n/a reason; tab-separated) and
   work-NAME-native.txt / work-NAME-tandem.txt       the examples' stdout (`time: X s`)
 Ratios are Tandem's cost over native (time: tandem/native, GB/s: native/tandem; >1 slower),
-"x wire" is Tandem's cost over the raw fabric of the same provider (time: over the 8 B round
-trip; GB/s: the RMA bandwidth of that direction over Tandem's), and keepalive rows divide
+"x wire" is Tandem's cost over the fabric of the same provider (time: over the 8 B round trip
+of tandem_fabric_pingpong; GB/s: the RMA bandwidth of that direction over Tandem's), and keepalive rows divide
 each idle read-back by the warm one (target <= 1.3 with keepalive on). Nothing is asserted.
 """
 import argparse
@@ -300,7 +300,7 @@ for i in range(1, len(hdr)):
     widths.append(max([len(hdr[i])] + [len(r[i]) for r in main_rows if i < len(r)]))
 lines += table(hdr, main_rows, widths)
 lines.append("ratio: Tandem's cost over native (time: tandem/native; GB/s: native/tandem); >1 means slower")
-lines.append("x wire: Tandem's cost over the raw fabric of its provider (time: over the 8 B round trip p50;")
+lines.append("x wire: Tandem's cost over the fabric of its provider (time: over tandem_fabric_pingpong's 8 B round trip p50;")
 lines.append("        GB/s: that direction's RMA bandwidth over Tandem's; s2s: the better RMA direction)")
 lines.append("s2s: device 0 -> 1 on two servers (natively: two devices); relay: the same bytes through the host")
 
@@ -372,7 +372,7 @@ for key, title in fab_names:
             json_fabric.append({"provider": f["provider"] or (args.provider if k == "tandem" else "shm"),
                                 "name": "fabric_" + key, "value": v[0], "unit": v[1]})
     fab_rows.append(row)
-hdr = ["raw fabric (tandem_fabric_pingpong)"] + [
+hdr = ["fabric (tandem_fabric_pingpong)"] + [
     "%s: %s" % (label[k], fab[k]["provider"] or (args.provider if k == "tandem" else "shm")) for k in columns]
 widths = [max(len(h), *(len(r[i]) for r in fab_rows)) for i, h in enumerate(hdr)]
 lines.append("")
@@ -400,7 +400,8 @@ for api, name in sync_rows:
         if nv is None or tv is None:
             continue
         parts = []
-        for key, what in (("rtt_8B_p50", "Tandem's fabric layer"), ("fi_rtt_256B", "provider alone")):
+        for key, what in (("rtt_8B_p50", "Tandem's fabric layer (8 B, p50)"),
+                          ("fi_rtt_256B", "provider alone (256 B, mean)")):
             if key in vals:
                 bound = nv + vals[key][0] + 5
                 parts.append("%s %s -> %s us, %s" % (what, fmt(vals[key][0]), fmt(bound),
