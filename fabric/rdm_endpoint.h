@@ -161,7 +161,9 @@ class RdmEndpoint final : public Endpoint {
                Clock::time_point deadline);
   bool Backlogged(PeerId peer);
   Status PostWithRetry(const char* what, Clock::time_point deadline, const std::function<ssize_t()>& post);
-  Result<Buffer> TakeBuffer(Clock::time_point deadline);
+  // A pooled send buffer; when all are in flight, waits for one until the deadline, or with
+  // !wait fails at once (kTimeout).
+  Result<Buffer> TakeBuffer(Clock::time_point deadline, bool wait = true);
   void ReleaseBuffer(Buffer b);
   void Repost(RecvSlot* slot);
   void SendBye(fi_addr_t addr, uint64_t conn_id);

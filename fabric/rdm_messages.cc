@@ -9,12 +9,6 @@
 
 namespace tandem::fabric {
 
-// Set while this thread reads the CQ in Next(). Another thread's one-frame message is handed
-// to it: sent from the thread that also reads the socket, it cost 10.7-11.7 us against 7 in a
-// pingpong whose one thread does both (H100, tcp, the round-trip probe; the socket's state
-// moves between the two cores on every message).
-thread_local bool t_reading_cq = false;
-
 namespace {
 
 // Send buffers (each max_message) an endpoint may have in flight before Send() waits.
@@ -175,20 +169,27 @@ Status RdmEndpoint::Send(PeerId peer, std::vector<uint8_t> data) {
     h.conn_id = c->conn_id;
     h.msg_id = c->next_send_id++;
   }
-  // A one-frame message from a thread that has not sent for a while goes out from the
-  // busy-polling progress thread; one from any other thread than the one reading the CQ in
-  // Next() goes out from that thread (see t_reading_cq). Order is kept: the receiver delivers
-  // by msg_id, whoever posted the frame.
+  // A one-frame message goes out from the thread reading the CQ in Next() while one does (no
+  // thread sends from within Next()): handed over, a launch + synchronize's message cost its
+  // sender 1-2 us, against 10.7-11.7 sent from this thread while another read the socket (H100,
+  // tcp, the round-trip probe; the socket's state moves between two cores on every message).
+  // Otherwise one from a thread that has not sent for a while goes out from the busy-polling
+  // progress thread. Either way only with a pooled buffer free at once and nothing of this
+  // peer's waiting for the provider: a frame a dead peer refuses must not hold the pool, which
+  // every other peer's sends need. Order is kept: the receiver delivers by msg_id, whoever
+  // posted the frame.
   thread_local Clock::time_point last_send;
   const Clock::time_point now = Clock::now();
   const bool cold = hand_off_idle_us_ > 0 && now - last_send > std::chrono::microseconds(hand_off_idle_us_);
   last_send = now;
   const auto deadline = now + send_timeout_;
-  const bool to_reader = !t_reading_cq && cq_callers_.load() > 0;
-  if (data.size() <= max_message_ && ((cold && progress_hot_.load()) || to_reader)) {
-    auto buf = TakeBuffer(deadline);
-    Status st = buf.status();
-    if (buf.ok()) {
+  const bool to_reader = cq_callers_.load() > 0;
+  Result<Buffer> buf = Status(Code::kTimeout, "not handed over");
+  if (data.size() <= max_message_ && ((cold && progress_hot_.load()) || to_reader) && !Backlogged(peer))
+    buf = TakeBuffer(deadline, /*wait=*/false);
+  if (buf.ok()) {
+    Status st;
+    {
       auto op = std::make_unique<SendOp>();
       op->peer = peer;
       op->buf = std::move(*buf);
@@ -333,7 +334,7 @@ Status RdmEndpoint::PostWithRetry(const char* what, Clock::time_point deadline, 
   return FiError(Code::kLinkLost, what, static_cast<int>(r));
 }
 
-Result<Buffer> RdmEndpoint::TakeBuffer(Clock::time_point deadline) {
+Result<Buffer> RdmEndpoint::TakeBuffer(Clock::time_point deadline, bool wait) {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     if (!free_buffers_.empty()) {
@@ -351,6 +352,7 @@ Result<Buffer> RdmEndpoint::TakeBuffer(Clock::time_point deadline) {
       }
       return b;
     }
+    if (!wait) return Status(Code::kTimeout, "fabric: every send buffer is in flight");
     // All buffers are in flight: wait for completions, which the progress thread reaps.
     ++waiters_;
     Kick();
@@ -375,26 +377,37 @@ Result<Event> RdmEndpoint::Next(Millis timeout) {
   // no hand-over from another thread.
   auto spin_end = Clock::now() + std::min<Clock::duration>(std::chrono::microseconds(spin_us_.load()), timeout);
   if (events_pending_ == 0 && Clock::now() < spin_end) {
-    cq_callers_.fetch_add(1);
-    t_reading_cq = true;
-    if (!progress_hot_.load()) Kick();  // out of a blocking wait, which holds the CQ
-    fi_cq_data_entry entries[kCqBatch];
-    for (unsigned polls = 1; events_pending_ == 0 && Clock::now() < spin_end; ++polls) {
-      // Politely, but a reader kept out by posters for long reads anyway (they wait for it).
-      const bool polite = polls % 64 != 0;
-      std::unique_lock<std::mutex> cq(cq_mu_, std::try_to_lock);
-      if (cq.owns_lock()) {
-        const ssize_t n = ReadCq(entries, polite);
-        if (n > 0) Dispatch(entries, n);
-        else if (n == -FI_EAVAIL) DispatchError();
-        cq.unlock();
+    // Counted while here, however it is left: the progress thread reads again once it is 0.
+    struct Reading {
+      explicit Reading(std::atomic<int>& n) : n_(n) { n_.fetch_add(1); }
+      ~Reading() { n_.fetch_sub(1); }
+      std::atomic<int>& n_;
+    };
+    {
+      Reading reading(cq_callers_);
+      if (!progress_hot_.load()) Kick();  // out of a blocking wait, which holds the CQ
+      fi_cq_data_entry entries[kCqBatch];
+      for (unsigned polls = 1; events_pending_ == 0 && Clock::now() < spin_end; ++polls) {
+        // Politely, but a reader kept out by posters for long reads anyway (they wait for it).
+        const bool polite = polls % 64 != 0;
+        std::unique_lock<std::mutex> cq(cq_mu_, std::try_to_lock);
+        if (cq.owns_lock()) {
+          const ssize_t n = ReadCq(entries, polite);
+          if (n > 0) {
+            Dispatch(entries, n);
+          } else if (n == -FI_EAVAIL) {
+            DispatchError();
+          } else if (n != -FI_EAGAIN) {
+            // The progress thread logs it and backs off; this thread leaves the reading to it.
+            log::Error("fabric: reading the completion queue: {}", fi_strerror(static_cast<int>(-n)));
+            break;
+          }
+        }
+        if (deferred_) RetryDeferred();  // the progress thread naps meanwhile
+        // Now and then the CPU goes to another thread: on a few cores the one that answers.
+        if (!polite) std::this_thread::yield();
       }
-      if (deferred_) RetryDeferred();  // the progress thread naps meanwhile
-      // Now and then the CPU goes to another thread: on a few cores the one that answers.
-      if (!polite) std::this_thread::yield();
     }
-    t_reading_cq = false;
-    cq_callers_.fetch_sub(1);
     if (deferred_) RetryDeferred();  // what was handed over while this thread was leaving
   }
   std::unique_lock<std::mutex> lock(events_mu_);

@@ -42,7 +42,8 @@ ssize_t RdmEndpoint::ReadCq(fi_cq_data_entry* entries, bool polite) {
 
 ssize_t RdmEndpoint::PostBetweenReads(const std::function<ssize_t()>& post) {
   posting_.fetch_add(1);
-  while (reading_.load()) CpuRelax();  // one fi_cq_read at most: readers let posters go first
+  // One fi_cq_read at most: readers let posters go first.
+  for (SpinPause p; reading_.load();) p.Once();
   const ssize_t r = post();
   posting_.fetch_sub(1);
   return r;
@@ -51,7 +52,7 @@ ssize_t RdmEndpoint::PostBetweenReads(const std::function<ssize_t()>& post) {
 void RdmEndpoint::ProgressLoop() {
   fi_cq_data_entry entries[kCqBatch];
   auto last_activity = Clock::now();
-  while (!stop_) {
+  for (unsigned reads = 1; !stop_; ++reads) {
     if (cq_callers_.load() > 0) {
       // A caller in Next() reads the CQ and posts what was deferred. This thread naps: spinning
       // beside it, even politely, made the tcp round trip slower (H100, 2026-11-26-e), and it
@@ -62,7 +63,8 @@ void RdmEndpoint::ProgressLoop() {
       continue;
     }
     std::unique_lock<std::mutex> cq(cq_mu_);
-    ssize_t n = ReadCq(entries, /*polite=*/true);
+    // Politely, but posters that keep coming do not keep the completions unread.
+    ssize_t n = ReadCq(entries, /*polite=*/reads % 64 != 0);
     if (n == -FI_EAGAIN) {
       if (deferred_) RetryDeferred();
       const auto spin = std::chrono::microseconds(spin_us_.load(std::memory_order_relaxed));
@@ -74,6 +76,10 @@ void RdmEndpoint::ProgressLoop() {
         std::this_thread::yield();
         continue;
       }
+      // A caller that started reading in Next() just now found this thread hot and did not
+      // kick it: it must not find the CQ held through the wait below (seq_cst: the caller
+      // counts itself, then looks at progress_hot_; this thread the reverse).
+      if (cq_callers_.load() > 0) continue;
       // Not polling any more: a send handed over before the flag fell goes first (one handed
       // over after it comes with a Kick, which ends the wait below).
       if (deferred_) RetryDeferred();
