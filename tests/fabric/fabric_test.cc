@@ -100,6 +100,89 @@ class FabricTest : public ::testing::TestWithParam<std::string> {
     return {*peer, ev.peer};
   }
 
+  // reader: another thread reads the CQ in Next() throughout, so the client's small sends are
+  // handed over to it (a peer that refuses them must not hold the send buffers every peer needs).
+  void DeadPeerHoldsUpNoSendToALiveOne(bool reader) {
+    if (GetParam() != "tcp") GTEST_SKIP() << "a peer process killed mid-connection is a tcp case";
+    const std::string dead_address = "127.0.0.1:" + std::to_string(UnusedPort());
+    const pid_t pid = fork();
+    if (pid == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      ::execl(TANDEM_FABRIC_PINGPONG, TANDEM_FABRIC_PINGPONG, "--listen", dead_address.c_str(),
+              static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    ASSERT_GT(pid, 0);
+    Options o;
+    o.send_timeout = Millis(3000);
+    if (reader) o.spin_us = 200000;  // Next() reads the CQ through its whole wait
+    auto client = OpenClient(o);
+    ASSERT_TRUE(client);
+    Result<PeerId> dead = Status(Code::kTimeout, "not tried");
+    for (int i = 0; i < 100 && !dead.ok(); ++i) {
+      dead = client->Connect(dead_address, Millis(2000));
+      if (!dead.ok()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    ASSERT_TRUE(dead.ok()) << dead.status().ToString();
+    ASSERT_TRUE(client->Send(*dead, Bytes("echo me")).ok());
+    auto echo = client->Next(kWait);
+    ASSERT_TRUE(echo.ok() && echo->kind == EventKind::kMessage) << echo.status().ToString();
+    auto [to_server, to_client] = Join(*client, "hello");
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+
+    std::atomic<bool> lost_seen{false}, stop{false};
+    std::thread reading;
+    if (reader) {
+      reading = std::thread([&, dead_peer = *dead] {
+        while (!stop.load()) {
+          auto ev = client->Next(Millis(50));
+          if (ev.ok() && ev->kind == EventKind::kPeerLost && ev->peer == dead_peer) lost_seen.store(true);
+        }
+      });
+    }
+    // Each round: one message to the dead peer (small and inlined; every tenth 3 MiB, fragmented:
+    // well under what a dead peer may hold before its senders wait), one to the live one, which
+    // must arrive at once.
+    const auto start = Clock::now();
+    Clock::duration slowest{}, slowest_live{};
+    bool lost = false;
+    for (int i = 0; !lost && Clock::now() - start < std::chrono::seconds(8); ++i) {
+      const auto t0 = Clock::now();
+      Status st = client->Send(*dead, i % 10 == 5 ? Pattern(3u << 20, i) : Bytes("are you there?"));
+      slowest = std::max(slowest, Clock::now() - t0);
+      if (!st.ok()) lost = true;  // refused once the peer is known lost
+      const auto t1 = Clock::now();
+      Status live = client->Send(to_server, Bytes("round " + std::to_string(i)));
+      slowest_live = std::max(slowest_live, Clock::now() - t1);
+      if (!live.ok()) ADD_FAILURE() << "round " << i << ": " << live.ToString();
+      if (!reader) {
+        for (;;) {
+          auto ev = client->Next(Millis(0));
+          if (!ev.ok()) break;
+          if (ev->kind == EventKind::kPeerLost && ev->peer == *dead) lost = true;
+        }
+      }
+      lost = lost || lost_seen.load();
+      auto at_server = server_->Next(Millis(1000));
+      if (!at_server.ok() || Text(at_server->data) != "round " + std::to_string(i)) {
+        ADD_FAILURE() << "round " << i << ": " << (at_server.ok() ? Text(at_server->data) : at_server.status().ToString());
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    stop.store(true);
+    if (reading.joinable()) reading.join();
+    if (reader) {
+      EXPECT_GT(client->sends_handed_off(), 0u);  // the path under test was taken
+    }
+    EXPECT_TRUE(lost) << "the dead peer was never reported lost";
+    EXPECT_LT(Clock::now() - start, std::chrono::milliseconds(3000 + 2000)) << "reported lost late";
+    EXPECT_LT(slowest, std::chrono::milliseconds(500)) << "a Send to the dead peer waited for it";
+    EXPECT_LT(slowest_live, std::chrono::milliseconds(500)) << "a Send to the live peer waited for the dead one";
+    client->Close(*dead);
+  }
+
   std::unique_ptr<Endpoint> server_;
 };
 
@@ -340,59 +423,11 @@ TEST_P(FabricTest, ClosedPeerIsForgotten) {
 // peer must go on meanwhile, and the dead one is reported lost after send_timeout. (A Send that
 // retried until the deadline kept the client's one flushing thread from every other server.)
 TEST_P(FabricTest, ADeadPeerHoldsUpNoSendToALiveOne) {
-  if (GetParam() != "tcp") GTEST_SKIP() << "a peer process killed mid-connection is a tcp case";
-  const std::string dead_address = "127.0.0.1:" + std::to_string(UnusedPort());
-  const pid_t pid = fork();
-  if (pid == 0) {
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    ::execl(TANDEM_FABRIC_PINGPONG, TANDEM_FABRIC_PINGPONG, "--listen", dead_address.c_str(),
-            static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  ASSERT_GT(pid, 0);
-  Options o;
-  o.send_timeout = Millis(3000);
-  auto client = OpenClient(o);
-  ASSERT_TRUE(client);
-  Result<PeerId> dead = Status(Code::kTimeout, "not tried");
-  for (int i = 0; i < 100 && !dead.ok(); ++i) {
-    dead = client->Connect(dead_address, Millis(2000));
-    if (!dead.ok()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  ASSERT_TRUE(dead.ok()) << dead.status().ToString();
-  ASSERT_TRUE(client->Send(*dead, Bytes("echo me")).ok());
-  auto echo = client->Next(kWait);
-  ASSERT_TRUE(echo.ok() && echo->kind == EventKind::kMessage) << echo.status().ToString();
-  auto [to_server, to_client] = Join(*client, "hello");
-  ::kill(pid, SIGKILL);
-  ::waitpid(pid, nullptr, 0);
+  DeadPeerHoldsUpNoSendToALiveOne(/*reader=*/false);
+}
 
-  // Each round: one message to the dead peer (small and inlined; every tenth 3 MiB, fragmented:
-  // well under what a dead peer may hold before its senders wait), one to the live one, which
-  // must arrive at once.
-  const auto start = Clock::now();
-  Clock::duration slowest{};
-  bool lost = false;
-  for (int i = 0; !lost && Clock::now() - start < std::chrono::seconds(8); ++i) {
-    const auto t0 = Clock::now();
-    Status st = client->Send(*dead, i % 10 == 5 ? Pattern(3u << 20, i) : Bytes("are you there?"));
-    slowest = std::max(slowest, Clock::now() - t0);
-    if (!st.ok()) lost = true;  // refused once the peer is known lost
-    ASSERT_TRUE(client->Send(to_server, Bytes("round " + std::to_string(i))).ok());
-    for (;;) {
-      auto ev = client->Next(Millis(0));
-      if (!ev.ok()) break;
-      if (ev->kind == EventKind::kPeerLost && ev->peer == *dead) lost = true;
-    }
-    auto at_server = server_->Next(Millis(1000));
-    ASSERT_TRUE(at_server.ok()) << "round " << i << ": " << at_server.status().ToString();
-    ASSERT_EQ(Text(at_server->data), "round " + std::to_string(i));
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  EXPECT_TRUE(lost) << "the dead peer was never reported lost";
-  EXPECT_LT(Clock::now() - start, std::chrono::milliseconds(3000 + 2000)) << "reported lost late";
-  EXPECT_LT(slowest, std::chrono::milliseconds(500)) << "a Send to the dead peer waited for it";
-  client->Close(*dead);
+TEST_P(FabricTest, ADeadPeerHoldsUpNoSendToALiveOneWhileAThreadReads) {
+  DeadPeerHoldsUpNoSendToALiveOne(/*reader=*/true);
 }
 
 TEST_P(FabricTest, InterruptWakesNext) {
