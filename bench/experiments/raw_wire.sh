@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The raw provider's round trip against Tandem's fabric layer on the same host (GPU machine
 # or any, from the repository root): libfabric's own fi_pingpong (one thread per side,
-# busy-polling the CQ; reports half a round trip, doubled here) beside
-# tandem_fabric_pingpong (tandem::fabric::Endpoint: a progress thread reads the CQ and hands
-# each message to the thread in Next()), both in two processes, tcp and shm, 8 B and 200 B
+# busy-polling the CQ; reports half a mean round trip, doubled here) beside
+# tandem_fabric_pingpong (through tandem::fabric::Endpoint: its framing, and who reads the CQ:
+# the progress thread until e37eaf3, the thread in Next() since), both in two processes, tcp
+# and shm, 8 B and 200 B
 # (Tandem's launch + synchronize batch is larger than the rxm inject size of 64 B), ROUNDS
 # interleaved rounds. FI_PINGPONG: the fi_pingpong binary (libfabric-bin; default: PATH).
 #   bash bench/experiments/raw_wire.sh BUILD_DIR [ROUNDS]
@@ -15,7 +16,7 @@ FPP=${FI_PINGPONG:-$(command -v fi_pingpong)}
 PP=$B/fabric/tandem_fabric_pingpong
 export FI_SHM_DISABLE_CMA=1
 port=47900
-fi_rt() {  # fi_rt PROVIDER SIZE [MODE]: round trip p50-ish (mean over 20000) in us
+fi_rt() {  # fi_rt PROVIDER SIZE [MODE]: the mean round trip over 20000, in us
   port=$((port + 1))
   timeout 60 "$FPP" -p "$1" -e rdm -I 20000 -S "$2" -m "${3:-msg}" -B $port >/dev/null 2>&1 &
   sleep 0.5
