@@ -20,6 +20,7 @@ of tandem_fabric_pingpong; GB/s: the RMA bandwidth of that direction over Tandem
 each idle read-back by the warm one (target <= 1.3 with keepalive on). Nothing is asserted.
 """
 import argparse
+import functools
 import glob
 import json
 import os
@@ -83,7 +84,9 @@ class Col:
         return (None, "", self.note or "missing")
 
 
+@functools.lru_cache(maxsize=None)
 def col(name):
+    """One run's file, read once: the tables and the target lines share it (Col is read-only)."""
     return Col(os.path.join(OUT, name + ".txt"))
 
 

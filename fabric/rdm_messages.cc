@@ -8,7 +8,6 @@
 #include "tandem/log.h"
 
 namespace tandem::fabric {
-
 namespace {
 
 // Send buffers (each max_message) an endpoint may have in flight before Send() waits.
@@ -160,6 +159,7 @@ void RdmEndpoint::PeerFailed(PeerId peer, Status why) {
 Status RdmEndpoint::Send(PeerId peer, std::vector<uint8_t> data) {
   wire::Header h;
   fi_addr_t addr;
+  bool backlogged = false;  // frames of this peer's wait for the provider (Backlogged)
   {
     std::lock_guard<std::mutex> lock(mu_);
     Conn* c = FindConn(peer);
@@ -168,6 +168,7 @@ Status RdmEndpoint::Send(PeerId peer, std::vector<uint8_t> data) {
     addr = c->addr;
     h.conn_id = c->conn_id;
     h.msg_id = c->next_send_id++;
+    backlogged = c->deferred > 0;
   }
   // A one-frame message goes out from the thread reading the CQ in Next() while one does (no
   // thread sends from within Next()): handed over, a launch + synchronize's message cost its
@@ -185,22 +186,19 @@ Status RdmEndpoint::Send(PeerId peer, std::vector<uint8_t> data) {
   const auto deadline = now + send_timeout_;
   const bool to_reader = cq_callers_.load() > 0;
   Result<Buffer> buf = Status(Code::kTimeout, "not handed over");
-  if (data.size() <= max_message_ && ((cold && progress_hot_.load()) || to_reader) && !Backlogged(peer))
+  if (data.size() <= max_message_ && ((cold && progress_hot_.load()) || to_reader) && !backlogged)
     buf = TakeBuffer(deadline, /*wait=*/false);
   if (buf.ok()) {
-    Status st;
-    {
-      auto op = std::make_unique<SendOp>();
-      op->peer = peer;
-      op->buf = std::move(*buf);
-      h.frag_count = 1;
-      h.total_len = data.size();
-      wire::EncodeHeader(h, op->buf.data.get());
-      if (!data.empty()) std::memcpy(op->buf.data.get() + wire::kHeaderSize, data.data(), data.size());
-      op->len = wire::kHeaderSize + data.size();
-      op->addr = addr;
-      st = Defer(std::move(op), deadline);
-    }
+    auto op = std::make_unique<SendOp>();
+    op->peer = peer;
+    op->buf = std::move(*buf);
+    h.frag_count = 1;
+    h.total_len = data.size();
+    wire::EncodeHeader(h, op->buf.data.get());
+    if (!data.empty()) std::memcpy(op->buf.data.get() + wire::kHeaderSize, data.data(), data.size());
+    op->len = wire::kHeaderSize + data.size();
+    op->addr = addr;
+    Status st = Defer(std::move(op), deadline);
     if (!st.ok()) {
       // Its msg_id is taken: a later message would wait at the receiver for this one forever.
       std::lock_guard<std::mutex> lock(mu_);
