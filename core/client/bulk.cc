@@ -31,8 +31,12 @@ Status Completion::Wait() {
     const auto until = start + std::chrono::microseconds(200);
     for (SpinPause p; !done_.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < until;) p.Once();
   }
-  std::unique_lock<std::mutex> l(m_);
-  cv_.wait(l, [&] { return done_.load(std::memory_order_relaxed); });
+  // Seen while spinning: Set() wrote the reply before the flag, and may still hold m_ (taken
+  // now, this thread would sleep on it and Set's unlock would have to wake it).
+  if (!done_.load(std::memory_order_acquire)) {
+    std::unique_lock<std::mutex> l(m_);
+    cv_.wait(l, [&] { return done_.load(std::memory_order_relaxed); });
+  }
   Stats::Get().AddWait(std::chrono::steady_clock::now() - start);
   return status_;
 }

@@ -439,6 +439,50 @@ TEST(Tandemd, ResumableSessionDropsDuplicatesAndResumes) {
   EXPECT_EQ(LiveSessions(c, broker.value()), 1u);
 }
 
+// A batch runs on the thread that received it when nothing else runs (the worker's
+// Executor). One that runs long must not hold up what only the receiving thread does: the
+// other thread takes over receiving. Here a 128 MiB RMA write keeps a batch busy for tens of
+// milliseconds while a ping, sent just after it, is answered first.
+TEST(Tandemd, APingIsAnsweredWhileALongBatchRunsWhereItWasReceived) {
+  Daemon d({});
+  ASSERT_FALSE(d.address().empty());
+  TestClient c;
+  auto s = OpenSession(c, d.address());
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  constexpr size_t kSize = 128u << 20;
+  std::vector<uint8_t> host(kSize, 0x5a);
+  auto mr = c.ep().Register(host.data(), host.size(), fabric::kRemoteRead);
+  ASSERT_TRUE(mr.ok()) << mr.status().ToString();
+  // The session is idle: the write's batch runs on the thread that receives it.
+  ASSERT_TRUE(c.Exchange(s->worker, PingBatch(c.next_seq())).status.ok());
+  ir::BatchWriter w(ir::BatchKind::kRequests);
+  w.AddRequest(ir::BufferAllocReq{1, 0, kSize, 0, 0}, c.next_seq());
+  ir::BufferWriteReq wr;
+  wr.buffer = 1;
+  wr.size = kSize;
+  wr.remote = RegionOf(*mr.value());
+  const uint64_t write_seq = c.next_seq();
+  w.AddRequest(wr, write_seq, ir::kRecordWantReply);
+  const auto sent = std::chrono::steady_clock::now();
+  ASSERT_TRUE(c.ep().Send(s->worker, w.Finish()).ok());
+  const uint64_t ping_seq = c.next_seq();
+  ASSERT_TRUE(c.ep().Send(s->worker, PingBatch(ping_seq)).ok());
+  ReplyBatch first = c.Receive(s->worker);
+  const auto ping_after = std::chrono::steady_clock::now() - sent;
+  ReplyBatch second = c.Receive(s->worker);
+  const auto write_after = std::chrono::steady_clock::now() - sent;
+  ASSERT_TRUE(first.status.ok()) << first.status.ToString();
+  ASSERT_TRUE(second.status.ok()) << second.status.ToString();
+  ASSERT_EQ(first.records.size(), 1u);
+  ASSERT_EQ(second.records.size(), 1u);
+  EXPECT_EQ(first.records[0].header.seq, ping_seq)
+      << "the ping waited for the write: answered after "
+      << std::chrono::duration_cast<std::chrono::microseconds>(ping_after).count() << " us, the write after "
+      << std::chrono::duration_cast<std::chrono::microseconds>(write_after).count() << " us";
+  EXPECT_EQ(second.records[0].header.seq, write_seq);
+  EXPECT_TRUE(second.RecordStatus(0).ok()) << second.RecordStatus(0).ToString();
+}
+
 }  // namespace
 }  // namespace tandem::test
 
