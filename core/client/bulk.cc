@@ -29,6 +29,7 @@ Status Completion::Wait() {
   // sleeping (a wake-up from the kernel is a good part of a small read back's latency).
   if (KeepaliveInterval() != Clock::duration::zero()) {
     const auto until = start + std::chrono::microseconds(200);
+    HelpReceive(done_, until);  // the reply read and delivered on this thread: no hand-over
     for (SpinPause p; !done_.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < until;) p.Once();
   }
   // Seen while spinning: Set() wrote the reply before the flag, and may still hold m_ (taken

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <deque>
 #include <mutex>
 #include <cstdio>
 #include <cstdlib>
@@ -21,6 +22,7 @@
 #include "session.h"
 #include "stats.h"
 #include "tandem/log.h"
+#include "tandem/spin.h"
 
 namespace tandem::client {
 
@@ -100,6 +102,9 @@ std::string ClientName() {
   std::getline(in, name);
   return name + "[" + std::to_string(getpid()) + "]";
 }
+
+class RuntimeImpl;
+std::atomic<RuntimeImpl*> g_runtime{nullptr};  // set once its receiver runs; never destroyed
 
 class RuntimeImpl final : public Runtime, public SessionSource {
  public:
@@ -199,8 +204,17 @@ class RuntimeImpl final : public Runtime, public SessionSource {
   Result<typename Req::Reply> Exchange(fabric::PeerId peer, const Req& req, const std::string& server,
                                        uint16_t flags = 0);
   void ReceiveLoop();
+  // One event, read by the receiver or by a thread waiting for a reply (under reader_mu_, so
+  // each session's replies are handled in order). A lost peer a waiting thread read goes to
+  // the receiver, whose fault tolerance may take a while.
+  void Route(fabric::Event ev, bool receiver);
   void FlushLoop();
   void WakeFlusher();
+
+ public:
+  void HelpReceive(const std::atomic<bool>& done, Clock::time_point until);
+
+ private:
 
   Status status_;
   std::unique_ptr<fabric::Endpoint> ep_;
@@ -217,6 +231,13 @@ class RuntimeImpl final : public Runtime, public SessionSource {
   std::mutex mailboxes_mu_;
   std::map<fabric::PeerId, std::shared_ptr<Mailbox>> mailboxes_;
   std::atomic<bool> receiving_{false};
+  // A thread waiting for a reply reads the endpoint itself while the receiver stands aside
+  // (HelpReceive): the reply is parsed and delivered where it is awaited, as in a ping-pong.
+  std::mutex reader_mu_;                      // the thread in ep_->Next(), and its routing
+  std::atomic<int> helpers_{0};               // threads in HelpReceive
+  std::atomic<Clock::rep> helped_at_{0};      // when one last left it
+  std::mutex lost_mu_;
+  std::deque<fabric::Event> lost_;            // lost peers a helper read, for the receiver
   std::vector<std::unique_ptr<Device>> devices_;  // in TANDEM_SERVERS order
   std::vector<Device*> opencl_, cuda_;            // what each API sees (CUDA_VISIBLE_DEVICES applied)
   std::atomic<uint64_t> next_handle_{1};
@@ -291,6 +312,7 @@ void RuntimeImpl::Init() {
   // Both live until the process ends: the receiver only reads replies, the flusher sends
   // late batches and pings, so a send stuck on a dead server never stops replies.
   receiving_.store(true);
+  g_runtime.store(this, std::memory_order_release);
   std::thread([this] { ReceiveLoop(); }).detach();
   std::thread([this] { FlushLoop(); }).detach();
 
@@ -523,43 +545,93 @@ void RuntimeImpl::FlushLoop() {
   }
 }
 
+// The receiver stands aside this long after a thread last read for its reply: a program
+// that synchronizes in a loop finds the endpoint free for it at its next wait. Events meanwhile
+// wait in the endpoint's queue (a reply nobody waits for is late by at most this much).
+constexpr auto kAside = std::chrono::microseconds(500);
+
 void RuntimeImpl::ReceiveLoop() {
   for (;;) {
+    {
+      std::deque<fabric::Event> lost;
+      {
+        std::lock_guard<std::mutex> l(lost_mu_);
+        lost.swap(lost_);
+      }
+      for (fabric::Event& e : lost) Route(std::move(e), true);
+    }
+    if (helpers_.load() > 0 ||
+        Clock::now().time_since_epoch().count() - helped_at_.load(std::memory_order_relaxed) <
+            std::chrono::duration_cast<Clock::duration>(kAside).count()) {
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+      continue;
+    }
+    std::lock_guard<std::mutex> reading(reader_mu_);
     auto ev = ep_->Next(std::chrono::milliseconds(200));
     if (!ev.ok()) {
       if (ev.status().code() != Code::kTimeout) log::Debug("receiver: {}", ev.status().ToString());
       continue;
     }
-    {
-      std::shared_ptr<Mailbox> box;
-      {
-        std::lock_guard<std::mutex> l(mailboxes_mu_);
-        if (auto it = mailboxes_.find(ev->peer); it != mailboxes_.end()) box = it->second;
-      }
-      if (box) {
-        std::lock_guard<std::mutex> l(box->m);
-        box->events.push_back(std::move(ev).value());
-        box->cv.notify_all();
-        continue;
-      }
-    }
-    SessionImpl* target = nullptr;
-    {
-      std::lock_guard<std::mutex> l(sessions_mu_);
-      for (auto& s : sessions_)
-        if (s->peer() == ev->peer) target = s.get();
-    }
-    if (!target) {
-      log::Debug("message from an unknown peer {} dropped", ev->peer);
-      continue;
-    }
-    if (ev->kind == fabric::EventKind::kPeerLost)
-      target->OnLinkLost(ev->peer, Status(Code::kServerLost, ev->status.message()));
-    else target->OnMessage(ev->data);
+    Route(std::move(ev).value(), true);
   }
 }
 
+void RuntimeImpl::HelpReceive(const std::atomic<bool>& done, Clock::time_point until) {
+  helpers_.fetch_add(1);
+  for (SpinPause p; !done.load(std::memory_order_acquire) && Clock::now() < until;) {
+    std::unique_lock<std::mutex> reading(reader_mu_, std::try_to_lock);
+    if (!reading.owns_lock()) {  // the receiver (until it stands aside) or another waiting thread
+      p.Once();
+      continue;
+    }
+    // Reads the CQ for the endpoint's spin window (100 us), then waits for the progress
+    // thread's events; returns with the first event.
+    auto ev = ep_->Next(std::chrono::milliseconds(1));
+    if (ev.ok()) Route(std::move(ev).value(), false);
+  }
+  helped_at_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+  helpers_.fetch_sub(1);
+}
+
+void RuntimeImpl::Route(fabric::Event ev, bool receiver) {
+  {
+    std::shared_ptr<Mailbox> box;
+    {
+      std::lock_guard<std::mutex> l(mailboxes_mu_);
+      if (auto it = mailboxes_.find(ev.peer); it != mailboxes_.end()) box = it->second;
+    }
+    if (box) {
+      std::lock_guard<std::mutex> l(box->m);
+      box->events.push_back(std::move(ev));
+      box->cv.notify_all();
+      return;
+    }
+  }
+  if (ev.kind == fabric::EventKind::kPeerLost && !receiver) {
+    std::lock_guard<std::mutex> l(lost_mu_);
+    lost_.push_back(std::move(ev));
+    return;
+  }
+  SessionImpl* target = nullptr;
+  {
+    std::lock_guard<std::mutex> l(sessions_mu_);
+    for (auto& s : sessions_)
+      if (s->peer() == ev.peer) target = s.get();
+  }
+  if (!target) {
+    log::Debug("message from an unknown peer {} dropped", ev.peer);
+    return;
+  }
+  if (ev.kind == fabric::EventKind::kPeerLost)
+    target->OnLinkLost(ev.peer, Status(Code::kServerLost, ev.status.message()));
+  else target->OnMessage(ev.data);
+}
+
 }  // namespace
+
+void HelpReceive(const std::atomic<bool>& done, Clock::time_point until) {
+  if (RuntimeImpl* rt = g_runtime.load(std::memory_order_acquire)) rt->HelpReceive(done, until);
+}
 
 Runtime& Runtime::Get() {
   // Never destroyed: CUDA's unregister hooks run from atexit after static destructors.
