@@ -3,7 +3,8 @@
 # machine, from the repository root): the working tree ("new") and each `git archive`
 # tarball given (named after the file), one CUDA and one OpenCL tandemd each, then ROUNDS
 # rounds in which every build in turn runs
-#   loops: round_trip/sync_loop (synchronize alone, empty kernel + synchronize, 8 B read)
+#   loops: round_trip/sync_loop (synchronize alone, empty kernel + synchronize, 8 B read;
+#          and per launch of 1000 asynchronous ones, p50 of 30)
 #          and round_trip/ocl_loop (clFinish alone, kernel + clFinish, 8 B blocking read),
 #          p50 of 3000 each;
 #   idle:  cuda_bench --idle and opencl_bench --idle (keepalive on, its default);
@@ -42,7 +43,7 @@ loops() {  # loops BUILD|native: the six loops' p50s on one line
     cuda=("$1/tools/tandem" run --servers "${addr[$2-cuda]}" --)
     ocl=("$1/tools/tandem" run --servers "${addr[$2-opencl]}" --)
   fi
-  for m in idle launch read; do line+="cuda $(timeout 60 "${cuda[@]}" "$W/sync_loop" $m 2>/dev/null | sed 's/ p10.*//')  "; done
+  for m in idle launch read async; do line+="cuda $(timeout 60 "${cuda[@]}" "$W/sync_loop" $m 2>/dev/null | sed 's/ p10.*//')  "; done
   for m in idle launch read; do line+="ocl $(timeout 60 "${ocl[@]}" "$W/ocl_loop" $m 2>/dev/null | sed 's/ p10.*//')  "; done
   echo "$line"
 }

@@ -1,4 +1,6 @@
 // sync_loop idle|launch|read: 3000 synchronous round trips of one kind (median printed).
+// sync_loop async: 30 times 1000 launches and one synchronize, per launch (as cuda_bench's
+// cuda_launch_async).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -10,12 +12,14 @@ int main(int argc, char** argv) {
   const char* mode = argc > 1 ? argv[1] : "idle";
   char* dev; cudaMalloc(&dev, 4096); cudaMemset(dev, 0, 4096); cudaDeviceSynchronize();
   std::vector<double> t; char h[8];
-  for (int r = 0; r < 3000; ++r) {
+  const bool async = !strcmp(mode, "async");
+  for (int r = 0; r < (async ? 30 : 3000); ++r) {
     auto t0 = Clock::now();
-    if (!strcmp(mode, "launch")) { empty_kernel<<<1, 1>>>(); cudaDeviceSynchronize(); }
+    if (async) { for (int i = 0; i < 1000; ++i) empty_kernel<<<1, 1>>>(); cudaDeviceSynchronize(); }
+    else if (!strcmp(mode, "launch")) { empty_kernel<<<1, 1>>>(); cudaDeviceSynchronize(); }
     else if (!strcmp(mode, "read")) cudaMemcpy(h, dev, 8, cudaMemcpyDeviceToHost);
     else cudaDeviceSynchronize();
-    t.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+    t.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / (async ? 1000 : 1));
   }
   std::sort(t.begin(), t.end());
   std::printf("%s: p50 %.1f us p10 %.1f p90 %.1f\n", mode, t[t.size() / 2], t[t.size() / 10], t[9 * t.size() / 10]);
