@@ -125,7 +125,7 @@ class RdmEndpoint final : public Endpoint {
   Result<PeerId> Connect(const std::string& host_port, Millis timeout) override;
   void Close(PeerId peer) override;
   Status Send(PeerId peer, std::vector<uint8_t> data) override;
-  Result<Event> Next(Millis timeout) override;
+  Result<Event> Next(Micros timeout) override;
   void Interrupt() override;
   void SetSpin(int us) override { spin_us_.store(us < 0 ? 0 : us); }
   uint64_t sends_handed_off() const override { return sends_handed_off_.load(); }

@@ -25,6 +25,9 @@ constexpr size_t kMaxDeferredPerPeer = 64u << 20;
 constexpr size_t kInjectMax = 256;
 
 std::string Ms(Millis t) { return std::to_string(t.count()) + " ms"; }
+std::string Ms(Micros t) {
+  return t.count() % 1000 == 0 ? Ms(std::chrono::duration_cast<Millis>(t)) : std::to_string(t.count()) + " us";
+}
 
 }  // namespace
 
@@ -369,7 +372,7 @@ void RdmEndpoint::ReleaseBuffer(Buffer b) {
   cv_.notify_all();
 }
 
-Result<Event> RdmEndpoint::Next(Millis timeout) {
+Result<Event> RdmEndpoint::Next(Micros timeout) {
   // A reply usually follows within microseconds: look for it a moment before sleeping, reading
   // the CQ from this thread (the progress thread stays off it meanwhile), so what arrives needs
   // no hand-over from another thread.

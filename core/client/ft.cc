@@ -280,7 +280,7 @@ uint64_t FaultTolerance::Post(GroupSession* g, uint16_t opcode, std::vector<uint
   op->payload = std::move(payload);
   if (op->logged || op->read) log_.push_back(LogEntry{g, opcode, op->payload, op->fn || op->read ? op : nullptr});
   if (op->fn) {
-    // Deliver erases from the receiver thread, which does not hold mu_.
+    // Deliver erases from the thread routing replies, which need not hold mu_.
     std::lock_guard<std::mutex> l(tasks_mu_);
     open_[op->id] = op;
   }
@@ -362,7 +362,8 @@ void FaultTolerance::OnAnswer(const std::shared_ptr<Op>& op, uint64_t issue, siz
   Evaluate(op, issue);
 }
 
-// All answers of an issue are in (receiver thread, or inline from a post to a lost session).
+// All answers of an issue are in (where replies are routed, or inline from a post to a lost
+// session).
 bool FaultTolerance::Current(const std::shared_ptr<Op>& op, uint64_t issue) {
   std::lock_guard<std::mutex> l(op->m);
   return !op->delivered && op->issue == issue;

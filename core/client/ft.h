@@ -172,7 +172,7 @@ class FaultTolerance {
   void RecoveryLoop();
   void ReissueOpen();
   // The ops still waiting for an answer (of g only, when given): a snapshot, since Deliver
-  // erases from open_ on the receiver thread.
+  // erases from open_ where replies are routed.
   std::vector<std::shared_ptr<Op>> OpenOps(const GroupSession* g = nullptr);
   // Open ops that wait only for lost replicas, issued again to the healthy ones (lock held).
   void ReissueStranded();

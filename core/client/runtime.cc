@@ -204,10 +204,12 @@ class RuntimeImpl final : public Runtime, public SessionSource {
   Result<typename Req::Reply> Exchange(fabric::PeerId peer, const Req& req, const std::string& server,
                                        uint16_t flags = 0);
   void ReceiveLoop();
-  // One event, read by the receiver or by a thread waiting for a reply (under reader_mu_, so
+  // One event, read by the receiver or by a thread waiting for a reply, under reader_mu_ (so
   // each session's replies are handled in order). A lost peer a waiting thread read goes to
-  // the receiver, whose fault tolerance may take a while.
+  // the receiver (lost_), which routes it under reader_mu_ too: its handling (fault
+  // tolerance) is the receiver's.
   void Route(fabric::Event ev, bool receiver);
+  void RouteLost();  // under reader_mu_
   void FlushLoop();
   void WakeFlusher();
 
@@ -233,9 +235,10 @@ class RuntimeImpl final : public Runtime, public SessionSource {
   std::atomic<bool> receiving_{false};
   // A thread waiting for a reply reads the endpoint itself while the receiver stands aside
   // (HelpReceive): the reply is parsed and delivered where it is awaited, as in a ping-pong.
+  // Reply callbacks therefore run on the receiver or on a thread blocked in a call.
   std::mutex reader_mu_;                      // the thread in ep_->Next(), and its routing
   std::atomic<int> helpers_{0};               // threads in HelpReceive
-  std::atomic<Clock::rep> helped_at_{0};      // when one last left it
+  std::atomic<Clock::rep> helped_at_{0};      // when one last read its own reply (0: none did)
   std::mutex lost_mu_;
   std::deque<fabric::Event> lost_;            // lost peers a helper read, for the receiver
   std::vector<std::unique_ptr<Device>> devices_;  // in TANDEM_SERVERS order
@@ -545,28 +548,33 @@ void RuntimeImpl::FlushLoop() {
   }
 }
 
-// The receiver stands aside this long after a thread last read for its reply: a program
-// that synchronizes in a loop finds the endpoint free for it at its next wait. Events meanwhile
-// wait in the endpoint's queue (a reply nobody waits for is late by at most this much).
+// The receiver stands aside this long after a thread read its own reply: a program that
+// synchronizes in a loop finds the endpoint free for it at its next wait. Meanwhile what
+// nobody waits for (a keepalive's answer, an asynchronous callback's reply) waits in the
+// endpoint's queue, for this long plus a nap at most, unless a waiting thread reads it first.
 constexpr auto kAside = std::chrono::microseconds(500);
+
+void RuntimeImpl::RouteLost() {
+  std::deque<fabric::Event> lost;
+  {
+    std::lock_guard<std::mutex> l(lost_mu_);
+    lost.swap(lost_);
+  }
+  for (fabric::Event& e : lost) Route(std::move(e), true);
+}
 
 void RuntimeImpl::ReceiveLoop() {
   for (;;) {
-    {
-      std::deque<fabric::Event> lost;
-      {
-        std::lock_guard<std::mutex> l(lost_mu_);
-        lost.swap(lost_);
-      }
-      for (fabric::Event& e : lost) Route(std::move(e), true);
-    }
     if (helpers_.load() > 0 ||
         Clock::now().time_since_epoch().count() - helped_at_.load(std::memory_order_relaxed) <
             std::chrono::duration_cast<Clock::duration>(kAside).count()) {
+      // Lost peers a helper read are handled here, under the reader lock like every event.
+      if (std::unique_lock<std::mutex> reading(reader_mu_, std::try_to_lock); reading.owns_lock()) RouteLost();
       std::this_thread::sleep_for(std::chrono::microseconds(20));
       continue;
     }
     std::lock_guard<std::mutex> reading(reader_mu_);
+    RouteLost();  // one a helper read while this thread waited for the lock
     auto ev = ep_->Next(std::chrono::milliseconds(200));
     if (!ev.ok()) {
       if (ev.status().code() != Code::kTimeout) log::Debug("receiver: {}", ev.status().ToString());
@@ -577,19 +585,31 @@ void RuntimeImpl::ReceiveLoop() {
 }
 
 void RuntimeImpl::HelpReceive(const std::atomic<bool>& done, Clock::time_point until) {
+  if (done.load(std::memory_order_acquire)) return;
   helpers_.fetch_add(1);
-  for (SpinPause p; !done.load(std::memory_order_acquire) && Clock::now() < until;) {
+  bool read = false;  // this thread held the reader lock
+  for (SpinPause p; !done.load(std::memory_order_acquire);) {
+    const auto left = std::chrono::duration_cast<std::chrono::microseconds>(until - Clock::now());
+    if (left.count() <= 0) break;
     std::unique_lock<std::mutex> reading(reader_mu_, std::try_to_lock);
     if (!reading.owns_lock()) {  // the receiver (until it stands aside) or another waiting thread
       p.Once();
       continue;
     }
-    // Reads the CQ for the endpoint's spin window (100 us), then waits for the progress
-    // thread's events; returns with the first event.
-    auto ev = ep_->Next(std::chrono::milliseconds(1));
-    if (ev.ok()) Route(std::move(ev).value(), false);
+    read = true;
+    // Reads the completion queue itself until the first event or the end of the window.
+    auto ev = ep_->Next(std::min<std::chrono::microseconds>(left, std::chrono::milliseconds(1)));
+    if (ev.ok()) {
+      Route(std::move(ev).value(), false);
+    } else if (ev.status().code() != Code::kTimeout) {
+      log::Debug("reading for a reply: {}", ev.status().ToString());
+      break;  // the receiver reads (and reports) from here on
+    }
   }
-  helped_at_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+  // Only a thread that read its own reply keeps the receiver aside: one that gave up goes to
+  // sleep, and its reply must not wait for the receiver's return.
+  const bool got = read && done.load(std::memory_order_acquire);
+  helped_at_.store(got ? Clock::now().time_since_epoch().count() : 0, std::memory_order_relaxed);
   helpers_.fetch_sub(1);
 }
 

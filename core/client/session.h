@@ -32,9 +32,9 @@ Clock::duration FlushDelay();
 // TANDEM_KEEPALIVE_MS (default 2 ms; 0: off): how long a used link may stay silent before
 // the client warms it.
 Clock::duration KeepaliveInterval();
-// A thread waiting for a reply reads the endpoint itself until `done` or `until`, when the
-// runtime runs and no other thread reads it (RuntimeImpl::HelpReceive); returns at once
-// otherwise.
+// A thread waiting for a reply reads the endpoint itself, when no other thread does, until
+// `done` or `until` (RuntimeImpl::HelpReceive; reply callbacks may then run on it). Returns
+// at once where no runtime runs (tests of a session alone).
 void HelpReceive(const std::atomic<bool>& done, Clock::time_point until);
 // How long, with keepalive on, fabric and worker threads look for the next message before
 // they sleep: across the whole gap between two warm-ups (microseconds).

@@ -332,13 +332,16 @@ class Waiter {
 
 // The session's batches run one at a time, in arrival order, on two threads that take turns
 // (leader/followers, POSA2). The thread that receives a small batch while nothing runs or
-// waits in the queue runs it itself: its bytes are still in that core's cache, and the reply
-// is posted by the thread that reads the socket, as in a ping-pong. Handed to a second thread
-// instead, a launch + synchronize paid 1.3-1.6 us for the hand-over and 1.9 for handing the
-// reply back to the reader (H100, tcp, the round-trip probe at 1ed6d84). Meanwhile the other
-// thread stands by; once the batch has run for kTakeOver it takes over receiving, so pings,
-// user events, a resuming client and other servers' messages wait at most that long (a batch
-// may wait on the device for seconds). Other batches are queued and run, in order, by the
+// waits in the queue runs it itself, and the reply is posted by the thread that reads the
+// socket, as in a ping-pong. Handed to a second thread instead, a launch + synchronize paid
+// 1.3-1.6 us for the hand-over and 1.9 for handing the reply back to the reader (H100, tcp,
+// the round-trip probe at 1ed6d84); in place, its loop took 28.9 against 36.7 us (medians of
+// 5 rounds, with the client's reading of its own reply, e3c27e9 against ecc7162). Meanwhile
+// the other thread stands by; once the batch has run for kTakeOver it takes over receiving,
+// so pings, user events, a resuming client and other servers' messages wait about that long,
+// plus its wake-up if it slept (a batch may wait on the device for seconds). The standby
+// spins for the worker's spin window after its last work (raised by the client's keepalive),
+// then sleeps; a batch run in place after that pays a futex wake to rouse it. Other batches are queued and run, in order, by the
 // standby thread, or by the one that ran the batch before them; released held commands
 // (Poke) run on the standby thread when nothing else runs.
 class Executor {
@@ -378,7 +381,7 @@ class Executor {
   bool Dispatch(std::vector<uint8_t> msg) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (msg.size() > kInlineBytes || running_ || !queue_.empty() || poked_ || stop_ || goodbye_.load()) {
+      if (msg.size() > kInlineBytes || running_ || !queue_.empty() || poked_ || goodbye_.load()) {
         queue_.push_back(std::move(msg));
         SignalLocked();
         return true;
@@ -398,7 +401,7 @@ class Executor {
     taken_ = false;
     // Releases poked meanwhile wait for the standby (queued batches come only after a
     // take-over, and then this thread serves them).
-    if (!queue_.empty() || poked_ || stop_ || goodbye_.load()) SignalLocked();
+    if (!queue_.empty() || poked_ || goodbye_.load()) SignalLocked();
     return still_receiving;
   }
   // Held commands were released (Session::RunReleased has work): any thread.
@@ -407,13 +410,8 @@ class Executor {
     poked_ = true;
     SignalLocked();
   }
+  // The session said goodbye: nothing more runs, and the receiving thread winds up.
   bool goodbye() const { return goodbye_.load(); }
-  // Nothing more runs (the end: the process exits soon after, whichever thread calls this).
-  void Stop() {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-    SignalLocked();
-  }
 
  private:
   // Work for the standby (under mu_): it looks at ready_ without the lock a while, then
@@ -443,7 +441,7 @@ class Executor {
         }
       }
       std::unique_lock<std::mutex> lock(mu_);
-      if (stop_ || goodbye_.load()) {
+      if (goodbye_.load()) {
         // The end: the receiving thread winds the session up and exits the process.
         sleeping_ = true;
         cv_.wait(lock, [] { return false; });
@@ -514,7 +512,6 @@ class Executor {
   std::deque<std::vector<uint8_t>> queue_;  // batches waiting for the one that runs
   bool running_ = false;   // a thread is in the session (a batch or the releases)
   bool poked_ = false;     // released commands wait to run
-  bool stop_ = false;
   bool taken_ = false;     // the standby took over receiving during the current inline batch
   bool sleeping_ = false;  // the standby sleeps on cv_
   std::atomic<Clock::rep> inline_since_{0};  // when that batch started (written under mu_)
@@ -740,10 +737,9 @@ int RunWorker(const WorkerOptions& opt) {
       // False: this thread ran the batch, and the other one took over receiving meanwhile.
       if (!executor.Dispatch(std::move(e.data))) return;
     }
-    // Goodbye: the session is done. Ending the process frees the session at once; an
-    // in-process teardown of a GPU driver's contexts can take seconds the broker would
-    // count as a live session.
-    executor.Stop();
+    // Goodbye: the session is done (no batch runs after it). Ending the process frees the
+    // session at once; an in-process teardown of a GPU driver's contexts can take seconds
+    // the broker would count as a live session.
     // The goodbye's answer may still sit in the provider's send queue, and the client waits
     // for it before it exits: the worker ends when the client hangs up, or after 1 s.
     for (const auto until = Clock::now() + std::chrono::seconds(1); connected && Clock::now() < until;) {

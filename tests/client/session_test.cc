@@ -27,7 +27,7 @@ class RecordingEndpoint final : public fabric::Endpoint {
     sent_.push_back(std::move(data));
     return Status::Ok();
   }
-  Result<fabric::Event> Next(fabric::Millis) override { return Status(Code::kTimeout, "recording endpoint"); }
+  Result<fabric::Event> Next(fabric::Micros) override { return Status(Code::kTimeout, "recording endpoint"); }
   void Interrupt() override {}
   void SetSpin(int) override {}
   Result<std::unique_ptr<fabric::MemoryRegion>> Register(void*, size_t, uint32_t) override { return Refused(); }

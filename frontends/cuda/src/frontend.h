@@ -3,7 +3,8 @@
 // Locking: one mutex (Frontend::mu) guards every shared table below. It is held for
 // bookkeeping and for the few one-time round trips (device set-up, module and function
 // loading, symbol lookup), and released before anything that waits on the GPU (syncs,
-// reads back). Reply callbacks run on the runtime's receiver thread and never take it.
+// reads back). Reply callbacks run where the runtime routes replies (its receiver thread, or
+// a thread blocked in a call, which may hold it) and never take it.
 // The current device, the last error and the launch configuration stack are per thread.
 #pragma once
 

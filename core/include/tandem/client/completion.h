@@ -1,4 +1,6 @@
-// A one-shot completion a blocking caller waits on while the receiver thread sets it.
+// A one-shot completion a blocking caller waits on while the thread routing replies sets it
+// (the runtime's receiver, or the caller itself reading for its reply). Owned by shared_ptr,
+// one held by the reply's callback: Set() may still be unlocking when Wait() has returned.
 #pragma once
 
 #include <atomic>

@@ -3,7 +3,8 @@
 // bulk transfers. No CUDA or OpenCL headers here: front ends translate to their API.
 //
 // Threading: any application thread may post or call. One receiver thread per process
-// reads every reply and runs reply callbacks; callbacks must not block on the network.
+// reads replies and runs reply callbacks, except while a thread blocked in a call reads for
+// its own reply and routes what it reads meanwhile; callbacks must not block on the network.
 // Asynchronous commands are queued and sent as one batch at the next sync point, at an
 // explicit Flush(), when the batch grows large, or once its first command is 100 us old:
 // by the next command posted then, or else by the flusher thread.
@@ -139,7 +140,7 @@ class Runtime {
 Status WriteBuffer(Session& s, ir::BufferWriteReq req, const void* src, bool blocking,
                    std::function<void(const Status&)> done = {});
 // Reads a buffer range into host memory. With blocking, returns when `dst` holds the data;
-// otherwise `done` runs (on the receiver thread) once it does.
+// otherwise `done` runs (where replies are routed) once it does.
 Status ReadBuffer(Session& s, ir::BufferReadReq req, void* dst, bool blocking,
                   std::function<void(const Status&)> done = {});
 

@@ -25,6 +25,7 @@ namespace tandem::fabric {
 
 using PeerId = uint64_t;
 using Millis = std::chrono::milliseconds;
+using Micros = std::chrono::microseconds;  // Next() takes it: a waiting caller may look for less than 1 ms
 
 struct Options {
   // Provider name ("tcp", "verbs", "shm", "net", ...). Empty: TANDEM_FABRIC_PROVIDER, then
@@ -104,7 +105,7 @@ class Endpoint {
   // (the caller may reuse `data`'s storage). Delivery is reliable and in order per peer.
   virtual Status Send(PeerId peer, std::vector<uint8_t> data) = 0;
   // The next incoming whole message or peer failure. kTimeout when nothing came in time.
-  virtual Result<Event> Next(Millis timeout) = 0;
+  virtual Result<Event> Next(Micros timeout) = 0;
   // Wakes a thread blocked in Next() (it returns kTimeout).
   virtual void Interrupt() = 0;
   // How many messages so far went out from the progress thread (Options::hand_off_idle_us).
