@@ -352,8 +352,16 @@ class Executor {
   // medians of 4 rounds, H100; the cause was not isolated).
   static constexpr size_t kInlineBytes = 8192;
 
-  Executor(Session* session, ClientLink* link, fabric::Endpoint* endpoint, const InjectOptions& inject)
-      : session_(session), link_(link), endpoint_(endpoint), waiter_(link), inject_(inject) {}
+  // in_place false: every batch runs on the standby thread, the receiving thread only
+  // receives (as before this scheme). For a client under fault tolerance (--fixed-layout):
+  // its replicas must place module globals at the same device addresses, and with batches
+  // run by whichever thread received them, ft.cuda.bothlost's fresh replicas did not (once,
+  // H100; cause not isolated: which thread makes a session's CUDA calls then depends on
+  // timing, and so may the driver's host-side set-up that device addresses follow).
+  Executor(Session* session, ClientLink* link, fabric::Endpoint* endpoint, const InjectOptions& inject,
+           bool in_place)
+      : session_(session), link_(link), endpoint_(endpoint), waiter_(link), inject_(inject),
+        inline_bytes_(in_place ? kInlineBytes : 0) {}
   // --inject-stall-after: set once the session stopped answering (the receive thread then
   // drops everything, pings included, as a frozen process would).
   bool stalled() const { return stalled_.load(); }
@@ -381,7 +389,7 @@ class Executor {
   bool Dispatch(std::vector<uint8_t> msg) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (msg.size() > kInlineBytes || running_ || !queue_.empty() || poked_ || goodbye_.load()) {
+      if (msg.size() > inline_bytes_ || running_ || !queue_.empty() || poked_ || goodbye_.load()) {
         queue_.push_back(std::move(msg));
         SignalLocked();
         return true;
@@ -507,6 +515,7 @@ class Executor {
   const std::function<void()>* receive_ = nullptr;
   Waiter waiter_;
   InjectOptions inject_;
+  const size_t inline_bytes_;  // largest batch run where it was received (0: none)
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::vector<uint8_t>> queue_;  // batches waiting for the one that runs
@@ -613,7 +622,7 @@ int RunWorker(const WorkerOptions& opt) {
   });
   session.set_faults(FaultInjection{.bitflip_rate = opt.inject.bitflip_rate, .bitflip_per_s = opt.inject.bitflip_per_s, .seed = 0});
   ClientLink link(ep.get());
-  Executor executor(&session, &link, ep.get(), opt.inject);
+  Executor executor(&session, &link, ep.get(), opt.inject, /*in_place=*/!opt.fixed_layout);
   ClientBulk bulk(ep.get(), opt.session_timeout, opt.session_grace, opt.inject.cut_bulk_every,
                   [b = backend.value().get()](size_t n) { return b->BulkStaging(n); });
   bool attached = false;
