@@ -5,7 +5,7 @@
 # waiter's return; TANDEM_PROBE=FILE writes them), then runs sync_loop (3000 idle
 # synchronizes, or launch + synchronize) and sync_after_gap (synchronizes after a sleep)
 # through one tandemd, and prints each leg's p10/p50/p90 (legs.py joins the client's and
-# the server's rows by command seq). probe.patch applies to 4134665 and later (the worker's waiter rows came with it); it is never built into Tandem.
+# the server's rows by command seq). probe.patch applies to 7fac1ba and later (regenerated for the worker's in-place batches: "-> executor" is then the receiving thread starting the batch itself); it is never built into Tandem.
 #   bash bench/experiments/round_trip/run.sh [tcp|shm]
 set -u
 here=bench/experiments/round_trip
