@@ -341,9 +341,10 @@ class Waiter {
 // so pings, user events, a resuming client and other servers' messages wait about that long,
 // plus its wake-up if it slept (a batch may wait on the device for seconds). The standby
 // spins for the worker's spin window after its last work (raised by the client's keepalive),
-// then sleeps; a batch run in place after that pays a futex wake to rouse it. Other batches are queued and run, in order, by the
-// standby thread, or by the one that ran the batch before them; released held commands
-// (Poke) run on the standby thread when nothing else runs.
+// then sleeps; a batch run in place after that pays a futex wake to rouse it. Other batches
+// are queued and run, in order, by the standby thread, or by the one that ran the batch
+// before them; released held commands (Poke) run on the standby thread when nothing else
+// runs.
 class Executor {
  public:
   static constexpr auto kTakeOver = std::chrono::microseconds(100);
@@ -362,7 +363,7 @@ class Executor {
            bool in_place)
       : session_(session), link_(link), endpoint_(endpoint), waiter_(link), inject_(inject),
         inline_bytes_(in_place ? kInlineBytes : 0) {}
-  // --inject-stall-after: set once the session stopped answering (the receive thread then
+  // --inject-stall-after: set once the session stopped answering (the receiving thread then
   // drops everything, pings included, as a frozen process would).
   bool stalled() const { return stalled_.load(); }
 
