@@ -44,6 +44,7 @@ server() {
   # shellcheck disable=SC2086
   env $MPS_ENV setsid "$TANDEMD" --listen 127.0.0.1:$port --backend cuda --devices "$gpu" "$@" >"$OUT/tandemd-$name.log" 2>&1 &
   echo $! >>"$OUT/pids"
+  tandemd_listens "$!" "$OUT/tandemd-$name.log" || { log "tandemd $name did not start"; exit 1; }
   for _ in $(seq 1 100); do
     TANDEM_CONNECT_TIMEOUT_MS=2000 "$TANDEM" info --servers 127.0.0.1:$port >/dev/null 2>&1 && { echo 127.0.0.1:$port; return 0; }
     sleep 0.2

@@ -116,7 +116,9 @@ start_server() {
     setsid "$TANDEMD" --listen "$server" --backend "${backend%-mps}" >"$OUT/tandemd-$name.log" 2>&1 &
   pid=$!
   server_pids+=("$pid")
-  for _ in $(seq 1 100); do
+  # Its own start-up line first: another program may hold free_port's port by now, and would
+  # answer `tandem info` in our server's place.
+  tandemd_listens "$pid" "$OUT/tandemd-$name.log" && for _ in $(seq 1 100); do
     kill -0 "$pid" 2>/dev/null || break
     # shellcheck disable=SC2046
     if env $(prov_env "$prov") TANDEM_CONNECT_TIMEOUT_MS=2000 "$TANDEM" info --servers "$server" \

@@ -36,23 +36,27 @@ vendors=$(native_opencl_vendors "$work")
 libs=$(icd_libs "$vendors")
 log "tandemd will use OpenCL from $vendors ($libs)"
 
-port=$(free_port)
-server=127.0.0.1:$port
 # Token-less is allowed on loopback only; its own process group so cleanup stops its workers.
-OCL_ICD_VENDORS=$vendors OCL_ICD_FILENAMES=$libs setsid "$TANDEMD" --listen "$server" --backend opencl >"$work/tandemd.log" 2>&1 &
-server_pid=$!
-
+# Up to three ports: another program may take free_port's port before tandemd binds it.
 ready=0
-for _ in $(seq 1 100); do
-  kill -0 "$server_pid" 2>/dev/null || break
-  if TANDEM_CONNECT_TIMEOUT_MS=2000 "$TANDEM" info --servers "$server" >"$work/info.txt" 2>/dev/null; then ready=1; break; fi
-  sleep 0.3
-done
-if ((ready == 0)); then
-  log "tandemd did not come up; its log:"
+for _ in 1 2 3; do
+  port=$(free_port)
+  server=127.0.0.1:$port
+  OCL_ICD_VENDORS=$vendors OCL_ICD_FILENAMES=$libs setsid "$TANDEMD" --listen "$server" --backend opencl >"$work/tandemd.log" 2>&1 &
+  server_pid=$!
+  if tandemd_listens "$server_pid" "$work/tandemd.log"; then
+    for _ in $(seq 1 100); do
+      kill -0 "$server_pid" 2>/dev/null || break
+      if TANDEM_CONNECT_TIMEOUT_MS=2000 "$TANDEM" info --servers "$server" >"$work/info.txt" 2>/dev/null; then ready=1; break; fi
+      sleep 0.3
+    done
+  fi
+  ((ready == 1)) && break
+  log "tandemd did not come up on $server; its log:"
   cat "$work/tandemd.log" >&2
-  exit 1
-fi
+  stop_tandemd "$server_pid"
+done
+((ready == 1)) || exit 1
 
 echo "== Tandem server and its devices (tandem info) =="
 cat "$work/info.txt"

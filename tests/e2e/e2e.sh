@@ -64,6 +64,10 @@ start_server() {
     # Its own process group, so cleanup() can stop the broker and every worker it forked.
     OCL_ICD_VENDORS=$NATIVE OCL_ICD_FILENAMES=$NATIVE_LIBS setsid "$tandemd" --listen "$SERVER" --backend opencl >"$work/tandemd.log" 2>&1 &
     server_pid=$!
+    if ! tandemd_listens "$server_pid" "$work/tandemd.log"; then
+      note "tandemd on $SERVER did not listen (try $tries):"; cat "$work/tandemd.log" >&2
+      stop_tandemd "$server_pid"; server_pid=""; continue
+    fi
     local deadline=$((SECONDS + 30))
     while ((SECONDS < deadline)); do
       if ! kill -0 "$server_pid" 2>/dev/null; then

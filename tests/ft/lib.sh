@@ -41,17 +41,16 @@ start() {
     OCL_ICD_VENDORS=$NATIVE OCL_ICD_FILENAMES=$NATIVE_LIBS env ${SERVER_ENV:-} setsid "$TANDEMD" \
       --listen "${ADDR[$name]}" --backend "${API:-opencl}" "$@" >"$work/$name.log" 2>&1 &
     PID[$name]=$!
-    local deadline=$((SECONDS + 30))
-    while ((SECONDS < deadline)) && kill -0 "${PID[$name]}" 2>/dev/null; do
+    if tandemd_listens "${PID[$name]}" "$work/$name.log"; then
       # A server whose sessions die on purpose cannot answer `tandem info` (a session of
-      # its own): its broker's start-up line says it listens.
-      if [[ " $* " == *" --inject-exit-after "* ]]; then
-        grep -q "tandemd listening on" "$work/$name.log" 2>/dev/null && return 0
-      else
+      # its own): its broker's start-up line is all there is to wait for.
+      [[ " $* " == *" --inject-exit-after "* ]] && return 0
+      local deadline=$((SECONDS + 30))
+      while ((SECONDS < deadline)) && kill -0 "${PID[$name]}" 2>/dev/null; do
         TANDEM_CONNECT_TIMEOUT_MS=2000 "$TANDEM" info --servers "${ADDR[$name]}" >/dev/null 2>&1 && return 0
-      fi
-      sleep 0.2
-    done
+        sleep 0.2
+      done
+    fi
     stop_tandemd "${PID[$name]}"
   done
   fail "tandemd $name did not start"

@@ -100,6 +100,10 @@ start_server() {
     setsid "${server_env[@]}" "$tandemd" --listen "$addr" --backend "$backend" >"$work/tandemd.$i.log" 2>&1 &
     pid=$!
     server_pids[$i]=$pid
+    if ! tandemd_listens "$pid" "$work/tandemd.$i.log"; then
+      note "tandemd $i on $addr did not listen (try $tries):"; cat "$work/tandemd.$i.log" >&2
+      stop_tandemd "$pid"; server_pids[$i]=""; continue
+    fi
     local deadline=$((SECONDS + 30))
     while ((SECONDS < deadline)); do
       if ! kill -0 "$pid" 2>/dev/null; then
