@@ -11,6 +11,10 @@
 #       with the native name and key properties (see KEYS below for which, and why).
 #   e2e.sh info TANDEMD TANDEM
 #       `tandem info` lists the server, its backend and the native device name.
+#   e2e.sh port_taken TANDEMD TANDEM
+#       A second tandemd on the first one's address exits with "Address already in use", and
+#       tandemd_listens (what every test's start-up waits for) says so, while `tandem info` on
+#       that address still answers (from the first server): why start-up cannot trust it alone.
 #
 # Native OpenCL: $TANDEM_NATIVE_OPENCL (an .icd, a folder or a .so) if set; else NVIDIA's
 # OpenCL when the driver's libnvidia-opencl.so.1 is present; else PoCL. tandemd uses the same.
@@ -22,7 +26,7 @@ fail() { echo "e2e: FAIL: $*" >&2; exit 1; }
 note() { echo "e2e: $*" >&2; }
 
 mode=${1:-}; tandemd=${2:-}; tandem=${3:-}
-[[ -n $mode ]] || fail "usage: e2e.sh example|clinfo|info TANDEMD TANDEM [PROGRAM [IGNORE_REGEX]]"
+[[ -n $mode ]] || fail "usage: e2e.sh example|clinfo|info|port_taken TANDEMD TANDEM [PROGRAM [IGNORE_REGEX]]"
 # A missing piece is a failure, never a skip: these tests are what proves the pieces work.
 [[ -n $tandemd && -x $tandemd ]] || fail "tandemd not built (got '${tandemd}')"
 [[ -n $tandem && -x $tandem ]] || fail "the tandem command is not built (got '${tandem}')"
@@ -205,9 +209,28 @@ run_info() {
   echo "e2e: tandem info lists the server and its device"
 }
 
+run_port_taken() {
+  start_server || fail "no server"
+  local pid2 rc
+  setsid "$tandemd" --listen "$SERVER" --backend opencl >"$work/second.log" 2>&1 &
+  pid2=$!
+  if tandemd_listens "$pid2" "$work/second.log"; then
+    stop_tandemd "$pid2"
+    fail "tandemd_listens says a second tandemd listens on $SERVER, which the first one holds"
+  fi
+  kill -0 "$pid2" 2>/dev/null && { stop_tandemd "$pid2"; fail "the second tandemd neither listened nor exited in 30 s"; }
+  wait "$pid2"; rc=$?
+  ((rc != 0)) || fail "the second tandemd exited 0 although it could not listen"
+  grep -q "Address already in use" "$work/second.log" || { cat "$work/second.log" >&2; fail "the second tandemd did not say why it stopped"; }
+  TANDEM_CONNECT_TIMEOUT_MS=2000 "$tandem" info --servers "$SERVER" >"$work/info.out" 2>"$work/info.err" ||
+    fail "tandem info no longer reaches the first server on $SERVER"
+  echo "e2e: a second tandemd on $SERVER exited ($rc, Address already in use) and tandemd_listens said so; tandem info still answers from the first"
+}
+
 case $mode in
   example) [[ -n ${4:-} ]] || fail "example: no program"; check_icd_found; run_example "$4" "${5:-^#}" ;;
   clinfo) check_icd_found; run_clinfo ;;
   info) run_info ;;
+  port_taken) run_port_taken ;;
   *) fail "unknown mode $mode" ;;
 esac
