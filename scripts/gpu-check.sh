@@ -38,9 +38,10 @@ echo "main job: exit $?"; tail -5 "$OUT/main.log"
 # Tandem against native in the same run (ratios printed, never asserted). TANDEM_GPU_BENCH=0
 # skips it (when the benchmark runs in a call of its own); TANDEM_GPU_BENCH_TIMEOUT bounds it
 # (seconds, default 480).
+# A warm machine keeps the build folder (and a local run its $OUT): an earlier call's table
+# must not pass for this one's, printed or archived.
+rm -rf "$B/bench-out" "$OUT/bench-table.txt" "$OUT/bench.json" "$OUT/bench.png" "$OUT/bench.log"
 if [[ ${TANDEM_GPU_BENCH:-1} != 0 ]]; then
-  # A warm machine keeps the build folder: an earlier call's table must not pass for this one's.
-  rm -rf "$B/bench-out"
   timeout "${TANDEM_GPU_BENCH_TIMEOUT:-480}" bash "$ROOT/bench/run_bench.sh" "$B/server/tandemd" "$B/tools/tandem" "$B" "$B/bench-out" \
     >"$OUT/bench.log" 2>&1
   echo "bench: exit $?"

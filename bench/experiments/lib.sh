@@ -53,6 +53,7 @@ start_experiment_server() {
   port=$(free_port)
   OCL_ICD_VENDORS=$vendors OCL_ICD_FILENAMES=$libs setsid "$1" --listen 127.0.0.1:$port --backend "$2" >"$3" 2>&1 &
   pids+=($!)
+  tandemd_listens "$!" "$3" || { echo "tandemd ($2) did not start: $(tail -1 "$3")" >&2; return 1; }
   echo 127.0.0.1:$port
 }
 

@@ -22,12 +22,14 @@ stop_tandemd() {
 # tandemd_listens PID LOG: waits (up to 30 s) for the server PID, logging to LOG, to say it
 # listens; 1 if it exited first or never said so. Ask this before `tandem info ADDR`: free_port's
 # port can be taken by another test's server before ours binds it, and then `tandem info` gets
-# its answer from that server while ours has died of "Address already in use".
+# its answer from that server while ours has died of "Address already in use". The line must
+# carry PID ("[tandemd PID info]"): a log reused from an earlier server still holds its line
+# until the new process has truncated it.
 tandemd_listens() {
   local pid=$1 log=$2 deadline=$((SECONDS + 30))
   while ((SECONDS < deadline)); do
     kill -0 "$pid" 2>/dev/null || return 1
-    grep -q 'tandemd listening on' "$log" 2>/dev/null && return 0
+    grep -q "\[tandemd $pid [a-z]*\] tandemd listening on" "$log" 2>/dev/null && return 0
     sleep 0.1
   done
   return 1

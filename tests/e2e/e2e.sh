@@ -33,8 +33,10 @@ mode=${1:-}; tandemd=${2:-}; tandem=${3:-}
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/tandem-e2e.XXXXXX") || fail "mktemp"
 server_pid=""
+second_pid=""  # port_taken's second server
 cleanup() {
   local rc=$?
+  stop_tandemd "$second_pid"
   stop_tandemd "$server_pid"  # its own process group (setsid): the broker and its workers
   if [[ $rc -ne 0 && -s $work/tandemd.log ]]; then
     echo "---- tandemd log (last 40 lines) ----" >&2
@@ -211,20 +213,27 @@ run_info() {
 
 run_port_taken() {
   start_server || fail "no server"
-  local pid2 rc
-  setsid "$tandemd" --listen "$SERVER" --backend opencl >"$work/second.log" 2>&1 &
-  pid2=$!
-  if tandemd_listens "$pid2" "$work/second.log"; then
-    stop_tandemd "$pid2"
+  local rc
+  OCL_ICD_VENDORS=$NATIVE OCL_ICD_FILENAMES=$NATIVE_LIBS setsid "$tandemd" --listen "$SERVER" --backend opencl \
+    >"$work/second.log" 2>&1 &
+  second_pid=$!
+  if tandemd_listens "$second_pid" "$work/second.log"; then
+    cat "$work/second.log" >&2
     fail "tandemd_listens says a second tandemd listens on $SERVER, which the first one holds"
   fi
-  kill -0 "$pid2" 2>/dev/null && { stop_tandemd "$pid2"; fail "the second tandemd neither listened nor exited in 30 s"; }
-  wait "$pid2"; rc=$?
+  kill -0 "$second_pid" 2>/dev/null && fail "the second tandemd neither listened nor exited in 30 s"
+  wait "$second_pid"; rc=$?
+  second_pid=""
   ((rc != 0)) || fail "the second tandemd exited 0 although it could not listen"
   grep -q "Address already in use" "$work/second.log" || { cat "$work/second.log" >&2; fail "the second tandemd did not say why it stopped"; }
   TANDEM_CONNECT_TIMEOUT_MS=2000 "$tandem" info --servers "$SERVER" >"$work/info.out" 2>"$work/info.err" ||
     fail "tandem info no longer reaches the first server on $SERVER"
-  echo "e2e: a second tandemd on $SERVER exited ($rc, Address already in use) and tandemd_listens said so; tandem info still answers from the first"
+  # A log reused from an earlier server: its line names that server's pid, not this one's.
+  cp "$work/tandemd.log" "$work/stale.log"
+  grep -q "tandemd listening on" "$work/stale.log" || fail "the first server's log has no start-up line"
+  sleep 2 &
+  if tandemd_listens $! "$work/stale.log"; then fail "tandemd_listens took an earlier server's line for this process's"; fi
+  echo "e2e: a second tandemd on $SERVER exited ($rc, Address already in use) and tandemd_listens said so; tandem info still answers from the first; an earlier server's line is not taken for a new one's"
 }
 
 case $mode in

@@ -51,6 +51,8 @@ start() {
         sleep 0.2
       done
     fi
+    echo "ft: tandemd $name on ${ADDR[$name]} did not start (try $tries):" >&2
+    tail -5 "$work/$name.log" >&2
     stop_tandemd "${PID[$name]}"
   done
   fail "tandemd $name did not start"
