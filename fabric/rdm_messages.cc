@@ -24,9 +24,9 @@ constexpr size_t kMaxDeferredPerPeer = 64u << 20;
 // Largest frame we inject from the stack.
 constexpr size_t kInjectMax = 256;
 
-std::string Ms(Millis t) { return std::to_string(t.count()) + " ms"; }
+// A timeout for a message: whole milliseconds as such (Millis converts), else microseconds.
 std::string Ms(Micros t) {
-  return t.count() % 1000 == 0 ? Ms(std::chrono::duration_cast<Millis>(t)) : std::to_string(t.count()) + " us";
+  return t.count() % 1000 == 0 ? std::to_string(t.count() / 1000) + " ms" : std::to_string(t.count()) + " us";
 }
 
 }  // namespace

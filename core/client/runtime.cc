@@ -190,6 +190,9 @@ class RuntimeImpl final : public Runtime, public SessionSource {
     }
   }
 
+  // For the free function of the same name (session.h): a thread waiting for its reply.
+  void HelpReceive(const std::atomic<bool>& done, Clock::time_point until);
+
  private:
   void Init();
   // Connects a new session to `server` (start-up, spares, rollbacks); `out` receives it.
@@ -212,11 +215,6 @@ class RuntimeImpl final : public Runtime, public SessionSource {
   void RouteLost();  // under reader_mu_
   void FlushLoop();
   void WakeFlusher();
-
- public:
-  void HelpReceive(const std::atomic<bool>& done, Clock::time_point until);
-
- private:
 
   Status status_;
   std::unique_ptr<fabric::Endpoint> ep_;

@@ -51,11 +51,7 @@ start_server() {
     setsid "$tandemd" --listen "$SERVER" --backend cuda >"$log" 2>&1 &
     server_pid=$!
     server_pids+=("$server_pid")
-    for _ in $(seq 1 300); do
-      kill -0 "$server_pid" 2>/dev/null || break
-      grep -q 'tandemd listening on' "$log" && { echo "tandemd ready on $SERVER"; return 0; }
-      sleep 0.1
-    done
+    tandemd_listens "$server_pid" "$log" && { echo "tandemd ready on $SERVER"; return 0; }
     echo "tandemd did not start on $SERVER:"; cat "$log"
     kill -KILL -- "-$server_pid" 2>/dev/null; wait "$server_pid" 2>/dev/null
   done
