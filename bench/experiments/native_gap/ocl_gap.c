@@ -4,10 +4,16 @@
  *   spin   the thread busy-waits GAP_US
  *   sleep  the thread sleeps GAP_US (nanosleep), as an executor that blocked does
  *   waiter enqueue + clFlush here, clFinish on a second thread woken by a condition
- *          variable, whose end wakes this one (tandemd's executor and waiter); GAP_US slept
+ *          variable, whose end wakes this one; GAP_US slept
+ *   wspin  enqueue here, clFinish on a second thread that spins for the hand-over (no flush
+ *          first), this one spinning for its end: tandemd's executor and spinning waiter
+ *   wspinf the same with clFlush before the hand-over
+ * SPINNERS=K in the environment: K more threads spin (pause) throughout, as tandemd's and the
+ * client's polling threads do on the same host.
  * Through tandemd the same loop spends 6 us more on the server than this one's b2b
  * (bench/results/2026-11-26-g.md): which of these explains it. */
 #include <pthread.h>
+#include <stdatomic.h>
 
 #include "../../../examples/opencl/common.h"
 #include "../round_trip/timing.h"
@@ -16,6 +22,25 @@ static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
 static int job = 0, done = 0, quit = 0;
 static cl_command_queue queue;
+static atomic_int sjob, sdone, squit;
+
+static void* spin_waiter(void* arg) {
+  (void)arg;
+  for (;;) {
+    while (!atomic_load(&sjob) && !atomic_load(&squit)) __builtin_ia32_pause();
+    if (atomic_load(&squit)) break;
+    atomic_store(&sjob, 0);
+    CHECK(clFinish(queue));
+    atomic_store(&sdone, 1);
+  }
+  return NULL;
+}
+
+static void* spinner(void* arg) {
+  (void)arg;
+  while (!atomic_load(&squit)) __builtin_ia32_pause();
+  return NULL;
+}
 
 static void* waiter(void* arg) {
   (void)arg;
@@ -52,7 +77,12 @@ int main(int argc, char** argv) {
   const double gap_us = atof(argv[2]);
   const int n = argc > 3 ? atoi(argv[3]) : 3000;
   const int use_waiter = !strcmp(mode, "waiter");
-  EXPECT(use_waiter || !strcmp(mode, "b2b") || !strcmp(mode, "spin") || !strcmp(mode, "sleep"));
+  const int use_spin_waiter = !strncmp(mode, "wspin", 5), flush_first = !strcmp(mode, "wspinf");
+  EXPECT(use_waiter || use_spin_waiter || !strcmp(mode, "b2b") || !strcmp(mode, "spin") || !strcmp(mode, "sleep"));
+  const int spinners = getenv("SPINNERS") ? atoi(getenv("SPINNERS")) : 0;
+  pthread_t spin_th[64];
+  EXPECT(spinners >= 0 && spinners <= 64);
+  for (int i = 0; i < spinners; ++i) EXPECT(pthread_create(&spin_th[i], NULL, spinner, NULL) == 0);
   example_env env;
   example_pick(&env, 0);
   queue = env.queue;
@@ -61,12 +91,16 @@ int main(int argc, char** argv) {
   size_t g = 1;
   pthread_t th;
   if (use_waiter) EXPECT(pthread_create(&th, NULL, waiter, NULL) == 0);
+  if (use_spin_waiter) EXPECT(pthread_create(&th, NULL, spin_waiter, NULL) == 0);
   double* t = malloc(sizeof(double) * (size_t)n);
-  EXPECT(t != NULL && n > 0);
+  double* te = malloc(sizeof(double) * (size_t)n);  // the enqueue call alone
+  EXPECT(t != NULL && te != NULL && n > 0);
+  double te_sum = 0, tf_sum = 0;
   for (int i = 0; i < n; ++i) {
-    gap(use_waiter ? "sleep" : mode, gap_us);
+    gap(use_waiter || use_spin_waiter ? "sleep" : mode, gap_us);
     double t0 = now_us();
     CHECK(clEnqueueNDRangeKernel(env.queue, k, 1, NULL, &g, NULL, 0, NULL, NULL));
+    te[i] = now_us() - t0;
     if (use_waiter) {
       CHECK(clFlush(env.queue));
       pthread_mutex_lock(&mu);
@@ -75,10 +109,17 @@ int main(int argc, char** argv) {
       pthread_cond_broadcast(&cv);
       while (!done) pthread_cond_wait(&cv, &mu);
       pthread_mutex_unlock(&mu);
+    } else if (use_spin_waiter) {
+      if (flush_first) CHECK(clFlush(env.queue));
+      atomic_store(&sdone, 0);
+      atomic_store(&sjob, 1);
+      while (!atomic_load(&sdone)) __builtin_ia32_pause();
     } else {
       CHECK(clFinish(env.queue));
     }
     t[i] = now_us() - t0;
+    te_sum += te[i];
+    tf_sum += t[i] - te[i];
   }
   if (use_waiter) {
     pthread_mutex_lock(&mu);
@@ -87,9 +128,15 @@ int main(int argc, char** argv) {
     pthread_mutex_unlock(&mu);
     pthread_join(th, NULL);
   }
+  atomic_store(&squit, 1);
+  if (use_spin_waiter) pthread_join(th, NULL);
+  for (int i = 0; i < spinners; ++i) pthread_join(spin_th[i], NULL);
   sort_samples(t, n);
-  printf("opencl %-6s gap %5.0f us: p50 %.1f us p10 %.1f p90 %.1f\n", mode, gap_us, t[n / 2], t[n / 10], t[9 * n / 10]);
+  printf("opencl %-6s spinners %d gap %5.0f us: p50 %.1f us p10 %.1f p90 %.1f\n", mode, spinners, gap_us, t[n / 2], t[n / 10], t[9 * n / 10]);
+  sort_samples(te, n);
+  printf("  split: enqueue p50 %.1f mean %.1f us; the rest (finish) mean %.1f us\n", te[n / 2], te_sum / n, tf_sum / n);
   free(t);
+  free(te);
   clReleaseKernel(k);
   clReleaseProgram(prog);
   example_release(&env);
