@@ -8,6 +8,12 @@
  *   wspin  enqueue here, clFinish on a second thread that spins for the hand-over (no flush
  *          first), this one spinning for its end: tandemd's executor and spinning waiter
  *   wspinf the same with clFlush before the hand-over
+ *   wevent the kernel's own event handed to the spinning thread, which waits with
+ *          clWaitForEvents instead of clFinish (clFlush first, as clWaitForEvents requires)
+ *   wpoll  the same, the spinning thread polling the event's status instead
+ *   wmarker as wevent, but the event is a marker's enqueued after the kernel (which has none)
+ *   event  back to back, the kernel enqueued with an event, clFinish, the event released:
+ *          what asking for the event costs alone
  * SPINNERS=K in the environment: K more threads spin (pause) throughout, as tandemd's and the
  * client's polling threads do on the same host.
  * Through tandemd the same loop spends 6 us more on the server than this one's b2b
@@ -23,6 +29,8 @@ static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
 static int job = 0, done = 0, quit = 0;
 static cl_command_queue queue;
 static atomic_int sjob, sdone, squit;
+static cl_event sevent;  // wevent / wpoll: the event to wait for (released by the waiter)
+static int wait_kind;    // 0 clFinish, 1 clWaitForEvents, 2 polling the status
 
 static void* spin_waiter(void* arg) {
   (void)arg;
@@ -30,7 +38,19 @@ static void* spin_waiter(void* arg) {
     while (!atomic_load(&sjob) && !atomic_load(&squit)) __builtin_ia32_pause();
     if (atomic_load(&squit)) break;
     atomic_store(&sjob, 0);
-    CHECK(clFinish(queue));
+    if (wait_kind == 0) {
+      CHECK(clFinish(queue));
+    } else if (wait_kind == 1) {
+      CHECK(clWaitForEvents(1, &sevent));
+      CHECK(clReleaseEvent(sevent));
+    } else {
+      cl_int st = CL_QUEUED;
+      do {
+        CHECK(clGetEventInfo(sevent, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof st, &st, NULL));
+      } while (st > CL_COMPLETE);
+      EXPECT(st == CL_COMPLETE);
+      CHECK(clReleaseEvent(sevent));
+    }
     atomic_store(&sdone, 1);
   }
   return NULL;
@@ -77,8 +97,13 @@ int main(int argc, char** argv) {
   const double gap_us = atof(argv[2]);
   const int n = argc > 3 ? atoi(argv[3]) : 3000;
   const int use_waiter = !strcmp(mode, "waiter");
-  const int use_spin_waiter = !strncmp(mode, "wspin", 5), flush_first = !strcmp(mode, "wspinf");
-  EXPECT(use_waiter || use_spin_waiter || !strcmp(mode, "b2b") || !strcmp(mode, "spin") || !strcmp(mode, "sleep"));
+  const int marker = !strcmp(mode, "wmarker");
+  wait_kind = !strcmp(mode, "wevent") || marker ? 1 : !strcmp(mode, "wpoll") ? 2 : 0;
+  const int use_spin_waiter = !strncmp(mode, "wspin", 5) || wait_kind != 0;
+  const int flush_first = !strcmp(mode, "wspinf") || wait_kind != 0;
+  const int with_event = (wait_kind != 0 && !marker) || !strcmp(mode, "event");
+  EXPECT(use_waiter || use_spin_waiter || !strcmp(mode, "b2b") || !strcmp(mode, "spin") || !strcmp(mode, "sleep") ||
+         !strcmp(mode, "event"));
   const int spinners = getenv("SPINNERS") ? atoi(getenv("SPINNERS")) : 0;
   pthread_t spin_th[64];
   EXPECT(spinners >= 0 && spinners <= 64);
@@ -97,9 +122,12 @@ int main(int argc, char** argv) {
   EXPECT(t != NULL && te != NULL && n > 0);
   double te_sum = 0, tf_sum = 0;
   for (int i = 0; i < n; ++i) {
-    gap(use_waiter || use_spin_waiter ? "sleep" : mode, gap_us);
+    gap(use_waiter || use_spin_waiter || with_event ? "sleep" : mode, gap_us);
     double t0 = now_us();
-    CHECK(clEnqueueNDRangeKernel(env.queue, k, 1, NULL, &g, NULL, 0, NULL, NULL));
+    cl_event ev = NULL;
+    CHECK(clEnqueueNDRangeKernel(env.queue, k, 1, NULL, &g, NULL, 0, NULL, with_event ? &ev : NULL));
+    if (marker) CHECK(clEnqueueMarkerWithWaitList(env.queue, 0, NULL, &ev));
+    if (use_spin_waiter) sevent = ev;
     te[i] = now_us() - t0;
     if (use_waiter) {
       CHECK(clFlush(env.queue));
@@ -116,6 +144,7 @@ int main(int argc, char** argv) {
       while (!atomic_load(&sdone)) __builtin_ia32_pause();
     } else {
       CHECK(clFinish(env.queue));
+      if (ev) CHECK(clReleaseEvent(ev));
     }
     t[i] = now_us() - t0;
     te_sum += te[i];
