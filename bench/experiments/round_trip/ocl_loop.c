@@ -1,15 +1,16 @@
-/* ocl_loop idle|launch|read [N]: N synchronous OpenCL round trips on one queue: clFinish alone,
- * an empty kernel's enqueue and clFinish (the benchmark's ocl_enqueue_finish), or a blocking
- * 8-byte read back; prints the p50.
+/* ocl_loop idle|launch|read|async [N]: N synchronous OpenCL round trips on one queue: clFinish
+ * alone, an empty kernel's enqueue and clFinish (the benchmark's ocl_enqueue_finish), or a
+ * blocking 8-byte read back; prints the p50. async: N / 100 times 1000 enqueues and one
+ * clFinish, per enqueue (the benchmark's ocl_enqueue_async).
  * Set-up and error checks are the OpenCL examples' (examples/opencl/common.h). */
 #include "../../../examples/opencl/common.h"
 #include "timing.h"
 
 int main(int argc, char** argv) {
   const char* mode = argc > 1 ? argv[1] : "idle";
-  const int launch = strcmp(mode, "launch") == 0, read = strcmp(mode, "read") == 0;
-  EXPECT(launch || read || strcmp(mode, "idle") == 0);
-  const int n = argc > 2 ? atoi(argv[2]) : 3000;
+  const int launch = strcmp(mode, "launch") == 0, read = strcmp(mode, "read") == 0, async = !strcmp(mode, "async");
+  EXPECT(launch || read || async || strcmp(mode, "idle") == 0);
+  const int n = (argc > 2 ? atoi(argv[2]) : 3000) / (async ? 100 : 1);
   example_env env;
   example_pick(&env, 0);
   cl_program prog = example_build(&env, "__kernel void empty(void) {}", NULL);
@@ -25,13 +26,16 @@ int main(int argc, char** argv) {
   EXPECT(t != NULL && n > 0);
   for (int i = 0; i < n; ++i) {
     double t0 = now_us();
-    if (read) {
+    if (async) {
+      for (int j = 0; j < 1000; ++j) CHECK(clEnqueueNDRangeKernel(env.queue, k, 1, NULL, &g, NULL, 0, NULL, NULL));
+      CHECK(clFinish(env.queue));
+    } else if (read) {
       CHECK(clEnqueueReadBuffer(env.queue, buf, CL_TRUE, 0, 8, &got, 0, NULL, NULL));
     } else {
       if (launch) CHECK(clEnqueueNDRangeKernel(env.queue, k, 1, NULL, &g, NULL, 0, NULL, NULL));
       CHECK(clFinish(env.queue));
     }
-    t[i] = now_us() - t0;
+    t[i] = (now_us() - t0) / (async ? 1000 : 1);
     EXPECT(!read || got == pattern);
   }
   sort_samples(t, n);
