@@ -20,6 +20,7 @@
 
 #include "handles.h"
 #include "tandem/fabric/fabric.h"
+#include "reassembly.h"
 #include "wire.h"
 
 namespace tandem::fabric {
@@ -89,13 +90,6 @@ struct RmaOp {
   bool finished() const { return in_flight == 0 && (next == len || !error.ok()); }
 };
 
-// A message being reassembled.
-struct Partial {
-  std::vector<uint8_t> data;
-  uint32_t received = 0;
-  uint32_t count = 0;
-};
-
 struct Conn {
   enum class State { kConnecting, kUp, kFailed, kLost };  // kFailed: the connect did not succeed
   PeerId id = 0;
@@ -105,9 +99,8 @@ struct Conn {
   State state = State::kConnecting;
   Status failure;
   uint64_t next_send_id = 0;
-  uint64_t next_deliver = 0;
   size_t deferred = 0;  // bytes of this peer's caller frames waiting in control_deferred_
-  std::map<uint64_t, Partial> partial;  // by message id; complete ones wait here for their turn
+  Reassembly inbound;   // its messages, put back together and handed on in order
 };
 
 // fi_getinfo hints for an RDM endpoint of `provider` (freed by the caller with fi_freeinfo).

@@ -522,33 +522,14 @@ void RdmEndpoint::OnConnect(const wire::Header& h, const uint8_t* payload, size_
 }
 
 void RdmEndpoint::OnData(Conn& c, const wire::Header& h, const uint8_t* payload, size_t len) {
-  if (h.msg_id < c.next_deliver) {
-    log::Debug("fabric: dropped a stale fragment of message {} from {}", h.msg_id, c.name);
-    return;
-  }
-  // The common case: a whole message, next in order.
-  if (h.frag_count == 1 && h.msg_id == c.next_deliver && c.partial.empty()) {
-    ++c.next_deliver;
-    Push(Event{EventKind::kMessage, c.id, std::vector<uint8_t>(payload, payload + len), {}});
-    return;
-  }
-  Partial& p = c.partial[h.msg_id];
-  if (p.count == 0) {
-    p.count = h.frag_count;
-    p.data.resize(h.total_len);
-  }
-  if (p.count != h.frag_count || p.data.size() != h.total_len) {
-    log::Debug("fabric: dropped an inconsistent fragment of message {} from {}", h.msg_id, c.name);
-    return;
-  }
-  if (len) std::memcpy(p.data.data() + h.offset, payload, len);
-  ++p.received;
-  // Deliver every complete message whose turn it is.
-  for (auto it = c.partial.begin(); it != c.partial.end() && it->first == c.next_deliver &&
-                                    it->second.received == it->second.count;
-       it = c.partial.erase(it)) {
-    ++c.next_deliver;
-    Push(Event{EventKind::kMessage, c.id, std::move(it->second.data), {}});
+  std::vector<std::vector<uint8_t>> due;
+  Status st = c.inbound.Add(h, payload, len, &due);
+  for (auto& m : due) Push(Event{EventKind::kMessage, c.id, std::move(m), {}});
+  if (!st.ok()) {
+    // Whatever it sends next cannot be trusted either: the link ends, and what it held goes.
+    log::Warn("fabric: peer {} broke the protocol: {}", c.name, st.message());
+    c.inbound.Clear();
+    PeerFailed(c.id, Status::Protocol("fabric: " + st.message()));
   }
 }
 

@@ -1,6 +1,7 @@
 // The fabric over loopback (127.0.0.1), run once per provider: tcp (tcp;ofi_rxm on 1.17) and
 // shm. A provider this machine cannot open is skipped with the reason.
 #include <arpa/inet.h>
+#include <malloc.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -13,6 +14,7 @@
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "reassembly.h"
 #include "tandem/fabric/fabric.h"
 #include "wire.h"
 
@@ -471,6 +473,107 @@ TEST(FabricAddress, ProviderFromEnvironment) {
   EXPECT_EQ(ProviderFromEnv(), "shm");
   unsetenv("TANDEM_FABRIC_PROVIDER");
   unsetenv("FI_PROVIDER");
+}
+
+// A data fragment's header as wire::DecodeHeader would pass it.
+wire::Header Fragment(uint64_t msg, uint32_t index, uint32_t count, uint64_t total, uint64_t offset) {
+  wire::Header h;
+  h.msg_id = msg;
+  h.frag_index = index;
+  h.frag_count = count;
+  h.total_len = total;
+  h.offset = offset;
+  return h;
+}
+
+TEST(FabricReassembly, AHugeClaimHoldsOnlyTheBytesThatCame) {
+  // Anyone who reaches the port may send such frames: 56 bytes each, claiming 16 GiB.
+  // In use: from the heap and mmapped (large blocks), whether touched or not.
+  auto in_use = [] {
+    const struct mallinfo2 m = mallinfo2();
+    return m.uordblks + m.hblkhd;
+  };
+  const size_t heap_before = in_use();
+  Reassembly r;
+  std::vector<std::vector<uint8_t>> out;
+  const uint8_t eight[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  for (uint64_t msg = 1; msg <= 1000; ++msg)
+    ASSERT_TRUE(r.Add(Fragment(msg, 0, 2, wire::kMaxMessage, 0), eight, sizeof eight, &out).ok());
+  EXPECT_TRUE(out.empty());
+  EXPECT_EQ(r.open(), 1000u);
+  EXPECT_EQ(r.held(), 8000u);
+  // The same with the fragment placed at the far end of its message.
+  for (uint64_t msg = 1001; msg <= 1010; ++msg)
+    ASSERT_TRUE(r.Add(Fragment(msg, 1, 2, wire::kMaxMessage, wire::kMaxMessage - 8), eight, 8, &out).ok());
+  EXPECT_EQ(r.held(), 8080u);
+  // Bookkeeping for 1010 messages, not their claimed sizes.
+  EXPECT_LT(in_use() - heap_before, size_t{1} << 20);
+}
+
+TEST(FabricReassembly, FragmentsAndMessagesOutOfOrderComeOutInOrder) {
+  Reassembly r;
+  std::vector<std::vector<uint8_t>> out;
+  const auto body = Pattern(10, 7);
+  // Message 1 in three fragments, last first; then message 0 whole.
+  ASSERT_TRUE(r.Add(Fragment(1, 2, 3, 10, 8), body.data() + 8, 2, &out).ok());
+  ASSERT_TRUE(r.Add(Fragment(1, 0, 3, 10, 0), body.data(), 4, &out).ok());
+  ASSERT_TRUE(r.Add(Fragment(1, 1, 3, 10, 4), body.data() + 4, 4, &out).ok());
+  EXPECT_TRUE(out.empty());  // complete, but message 0 has not come
+  const uint8_t zero[3] = {9, 9, 9};
+  ASSERT_TRUE(r.Add(Fragment(0, 0, 1, 3, 0), zero, 3, &out).ok());
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0], std::vector<uint8_t>(zero, zero + 3));
+  EXPECT_EQ(out[1], body);
+  EXPECT_EQ(r.open(), 0u);
+  EXPECT_EQ(r.held(), 0u);
+  EXPECT_EQ(r.next(), 2u);
+  // A late copy of a message handed on is dropped.
+  out.clear();
+  EXPECT_TRUE(r.Add(Fragment(0, 0, 1, 3, 0), zero, 3, &out).ok());
+  EXPECT_TRUE(out.empty());
+}
+
+TEST(FabricReassembly, FragmentsThatDisagreeOverlapOrFallShortAreProtocolErrors) {
+  std::vector<std::vector<uint8_t>> out;
+  const auto body = Pattern(16, 3);
+  {
+    Reassembly r;  // the same fragment twice
+    ASSERT_TRUE(r.Add(Fragment(0, 0, 2, 16, 0), body.data(), 8, &out).ok());
+    EXPECT_EQ(r.Add(Fragment(0, 0, 2, 16, 0), body.data(), 8, &out).code(), Code::kProtocol);
+  }
+  {
+    Reassembly r;  // a later fragment repeated
+    ASSERT_TRUE(r.Add(Fragment(0, 1, 2, 16, 8), body.data() + 8, 8, &out).ok());
+    EXPECT_EQ(r.Add(Fragment(0, 1, 2, 16, 8), body.data() + 8, 8, &out).code(), Code::kProtocol);
+  }
+  {
+    Reassembly r;  // a count or total that disagrees with the first fragment's
+    ASSERT_TRUE(r.Add(Fragment(0, 0, 2, 16, 0), body.data(), 8, &out).ok());
+    EXPECT_EQ(r.Add(Fragment(0, 1, 3, 16, 8), body.data() + 8, 8, &out).code(), Code::kProtocol);
+    EXPECT_EQ(r.Add(Fragment(0, 1, 2, 17, 8), body.data() + 8, 8, &out).code(), Code::kProtocol);
+  }
+  {
+    Reassembly r;  // every fragment came, and they leave a hole (two overlap past the first)
+    ASSERT_TRUE(r.Add(Fragment(0, 1, 3, 16, 4), body.data() + 4, 8, &out).ok());
+    ASSERT_TRUE(r.Add(Fragment(0, 2, 3, 16, 8), body.data() + 8, 4, &out).ok());
+    EXPECT_EQ(r.Add(Fragment(0, 0, 3, 16, 0), body.data(), 4, &out).code(), Code::kProtocol);
+  }
+  EXPECT_TRUE(out.empty());
+}
+
+TEST(FabricReassembly, TooManyOpenOrTooFarAheadIsAProtocolError) {
+  std::vector<std::vector<uint8_t>> out;
+  const uint8_t one[1] = {1};
+  Reassembly r(Reassembly::Limits{.max_open = 4, .max_ahead = 100});
+  for (uint64_t msg = 1; msg <= 4; ++msg) ASSERT_TRUE(r.Add(Fragment(msg, 0, 2, 2, 0), one, 1, &out).ok());
+  EXPECT_EQ(r.Add(Fragment(5, 0, 2, 2, 0), one, 1, &out).code(), Code::kProtocol);
+  EXPECT_EQ(r.open(), 4u);
+  // A fragment of a message already open is still taken.
+  EXPECT_TRUE(r.Add(Fragment(4, 1, 2, 2, 1), one, 1, &out).ok());
+  Reassembly far(Reassembly::Limits{.max_open = 4, .max_ahead = 100});
+  EXPECT_TRUE(far.Add(Fragment(99, 0, 1, 1, 0), one, 1, &out).ok());
+  EXPECT_EQ(far.Add(Fragment(100, 0, 1, 1, 0), one, 1, &out).code(), Code::kProtocol);
+  EXPECT_TRUE(out.empty());
 }
 
 TEST(FabricWire, HeaderRoundTripAndSize) {
