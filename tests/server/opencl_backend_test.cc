@@ -624,6 +624,45 @@ TEST_F(OpenCLBackendTest, LaunchWithBufferScalarStructAndLocalArgs) {
   EXPECT_EQ(got, (std::vector<float>{1, 1, 1, 1, 2, 2, 2, 2}));
 }
 
+TEST_F(OpenCLBackendTest, LocalMemoryBeyondTheDeviceAndAWrappingOffsetAreRefusedBeforeTheEnqueue) {
+  // PoCL aborted the worker on a launch whose local arguments exceed the device's local
+  // memory (at the next clFinish); NVIDIA's OpenCL refuses the enqueue. Refused here, the
+  // session goes on and the next launch runs.
+  ASSERT_EQ(Build(35, kKernels).status, CL_SUCCESS);
+  ir::FunctionGetRep frep;
+  ASSERT_TRUE(be_->OnFunctionGet({36, 35, "combine"}, &frep).ok());
+  Alloc(1, 64 * 4);
+  ir::LaunchReq l;
+  l.function = 36;
+  l.dims = 1;
+  l.grid = {64};
+  l.block = {16};
+  l.args = {{static_cast<uint32_t>(ir::ArgKind::kBuffer), 1, {}},
+            {static_cast<uint32_t>(ir::ArgKind::kBytes), 0, ValueBytes(int32_t{1})},
+            {static_cast<uint32_t>(ir::ArgKind::kBytes), 0, ValueBytes(uint64_t{0})},
+            {static_cast<uint32_t>(ir::ArgKind::kLocal), uint64_t{1} << 40, {}}};
+  ir::LaunchRep lrep;
+  Status st = be_->OnLaunch(l, &lrep);
+  EXPECT_EQ(st.api(), Api::kOpenCL);
+  EXPECT_EQ(st.native(), CL_OUT_OF_RESOURCES) << st.ToString();
+  EXPECT_NE(st.message().find("local memory"), std::string::npos) << st.ToString();
+  // A size whose sum with the kernel's own would wrap.
+  l.args[3].value = UINT64_MAX;
+  EXPECT_EQ(be_->OnLaunch(l, &lrep).native(), CL_OUT_OF_RESOURCES);
+  // global offset + size past 2^64
+  l.args[3].value = 16 * 4;
+  l.offset = {UINT64_MAX - 10};
+  st = be_->OnLaunch(l, &lrep);
+  EXPECT_EQ(st.native(), CL_INVALID_GLOBAL_OFFSET) << st.ToString();
+  // The session goes on: the same launch, within bounds, runs.
+  l.offset = {};
+  ASSERT_TRUE(be_->OnLaunch(l, &lrep).ok());
+  ir::bytes out = Read(1, 0, 64 * 4);
+  int32_t v;
+  std::memcpy(&v, out.data() + 4 * 63, 4);
+  EXPECT_EQ(v, 1 + 0 + 0 + 63);
+}
+
 TEST_F(OpenCLBackendTest, EventsUserEventsAndProfiling) {
   ir::StreamCreateRep srep;
   ASSERT_TRUE(be_->OnStreamCreate({40, 0, ir::kStreamProfiling, 0}, &srep).ok());

@@ -131,6 +131,10 @@ struct Function {
   KernelRef kernel;
   uint32_t device = 0;
   uint32_t num_args = 0;
+  // The kernel's own local memory (before any local argument) and its device's: a launch whose
+  // local arguments do not fit is refused here (PoCL aborts the process on one).
+  uint64_t static_local = 0;
+  uint64_t device_local = 0;
   // What each argument was last set to (its kind, then its bytes, buffer or local size):
   // an unchanged argument is not set again. Empty: not set yet.
   std::vector<std::vector<uint8_t>> last_args;

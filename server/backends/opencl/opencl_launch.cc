@@ -60,6 +60,23 @@ Status OpenCLBackend::OnLaunch(const ir::LaunchReq& req, ir::LaunchRep*) {
     return Status::Invalid(fmt::format("unknown launch flags {:#x}", req.flags));
   if (req.args.size() != fn.num_args)
     return Status::Invalid(fmt::format("kernel takes {} arguments, launch gives {}", fn.num_args, req.args.size()));
+  for (uint32_t i = 0; i < req.dims; ++i) {
+    if (!req.offset.empty() && req.offset[i] > UINT64_MAX - req.grid[i])
+      return ClError(CL_INVALID_GLOBAL_OFFSET, "clEnqueueNDRangeKernel",
+                     fmt::format("global offset {} + size {} overflows in dimension {}", req.offset[i], req.grid[i], i));
+  }
+  // What the device's enqueue answers for local memory it does not have (NVIDIA's), before
+  // anything is set: each local argument and their sum, with the kernel's own, bounded.
+  uint64_t local = fn.static_local;
+  for (cl_uint i = 0; i < req.args.size(); ++i) {
+    const ir::LaunchArg& a = req.args[i];
+    if (static_cast<ir::ArgKind>(a.kind) != ir::ArgKind::kLocal) continue;
+    if (a.value > fn.device_local || local + a.value > fn.device_local)
+      return ClError(CL_OUT_OF_RESOURCES, "clEnqueueNDRangeKernel",
+                     fmt::format("argument {} asks for {} bytes of local memory; the kernel has {} of the device's {}",
+                                 i, a.value, local, fn.device_local));
+    local += a.value;
+  }
 
   // Arguments are checked and set in order; the kernel's argument state is this session's,
   // so one set to the same value by the previous launch is left as it is (each

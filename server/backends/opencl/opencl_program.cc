@@ -198,7 +198,11 @@ Status OpenCLBackend::OnFunctionGet(const ir::FunctionGetReq& req, ir::FunctionG
   KernelRef kernel(k);
   const uint32_t device = m.value()->device;
   TANDEM_RETURN_IF_ERROR(DescribeKernel(k, devices_[device].id, &rep->info));
-  functions_[req.function] = Function{std::move(kernel), device, rep->info.num_params};
+  cl_ulong device_local = 0;
+  err = clGetDeviceInfo(devices_[device].id, CL_DEVICE_LOCAL_MEM_SIZE, sizeof device_local, &device_local, nullptr);
+  if (err != CL_SUCCESS) return ClError(err, "clGetDeviceInfo(CL_DEVICE_LOCAL_MEM_SIZE)");
+  functions_[req.function] =
+      Function{std::move(kernel), device, rep->info.num_params, rep->info.local_mem, device_local, {}};
   return Status::Ok();
 }
 
