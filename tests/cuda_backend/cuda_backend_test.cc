@@ -368,6 +368,11 @@ TEST_F(CudaBackendTest, RectCopy) {
   EXPECT_EQ(b_->OnBufferCopyRect(req, nullptr).code(), Code::kInvalidArgument);
   req.region = {4, 3};
   EXPECT_EQ(b_->OnBufferCopyRect(req, nullptr).code(), Code::kInvalidArgument);
+  // An origin whose offset sum wraps 128 bits (the review's): once accepted, copying from the
+  // wrong address.
+  ir::BufferCopyRectReq wrap{0, 0, 0, {3, (uint64_t{1} << 63) + (uint64_t{1} << 43) - 1, UINT64_MAX},
+                             {kBase + g + 64, 0, 0}, {1, 1, 1}, {4, UINT64_MAX, 0, 0}, {}, 0};
+  EXPECT_EQ(b_->OnBufferCopyRect(wrap, nullptr).code(), Code::kInvalidArgument);
 }
 
 // Writes a pattern of 10 MiB + 123 B from `host` into buffer 1 through the bulk channel,
@@ -677,6 +682,58 @@ TEST_F(CudaBackendTest, EventsStreamsAndElapsedTime) {
   EXPECT_EQ(b_->OnStreamSync({5}, nullptr).code(), Code::kUnknownHandle);
 }
 
+// The two halves of a server-to-server copy (the session's PeerSend / PeerRecv): a bad signal
+// fails the command before anything is enqueued (it once left the stream held for good, or a
+// pinned block back in the pool under a queued copy), and a receive that fails puts back the
+// destination's own bytes rather than the staging's.
+TEST_F(CudaBackendTest, PeerHalvesCheckTheirSignalFirstAndAFailedReceiveKeepsTheDestination) {
+  Reserve();
+  constexpr size_t kN = 256 << 10;
+  ASSERT_OK(Alloc(1, kBase, kN));
+  ir::bytes a(kN), b(kN);
+  for (size_t i = 0; i < kN; ++i) {
+    a[i] = static_cast<uint8_t>(i * 7 + 1);
+    b[i] = static_cast<uint8_t>(i * 13 + 5);
+  }
+  ASSERT_OK(Write(1, 0, a));
+  ASSERT_OK(b_->OnStreamCreate({5, 0, ir::kStreamNonBlocking, 0}, nullptr));
+  ASSERT_OK(b_->OnEventCreate({40, 0, ir::kEventUser}, nullptr));
+  for (uint64_t bad : {uint64_t{999}, uint64_t{40}}) {  // unknown; a user event
+    bool called = false;
+    Status st = b_->ReadToHost(5, 1, 0, kN, {}, bad, [&](Result<std::shared_ptr<HostBuffer>>) { called = true; });
+    EXPECT_FALSE(st.ok()) << bad;
+    auto w = b_->WriteFromHost(5, 1, 0, kN, {}, bad);
+    EXPECT_FALSE(w.ok()) << bad;
+    ASSERT_OK(b_->OnStreamSync({5}, nullptr));  // not held: it returns
+    EXPECT_FALSE(called);
+  }
+  // A receive whose transfer fails: the staging holds other bytes, the destination keeps its own.
+  ASSERT_OK(b_->OnEventCreate({41, 0, 0}, nullptr));
+  auto w = b_->WriteFromHost(5, 1, 0, kN, {}, 41);
+  ASSERT_OK(w.status());
+  std::memcpy(w->staging->data(), b.data(), kN);
+  w->release(Status(Code::kLinkLost, "the source went away"));
+  ASSERT_OK(b_->OnStreamSync({5}, nullptr));
+  auto back = Read(1, 0, kN);
+  ASSERT_OK(back.status());
+  EXPECT_TRUE(back.value() == a) << "the failed receive changed its destination";
+  // One that succeeds writes the staging's bytes, and the send half reads them back.
+  w = b_->WriteFromHost(5, 1, 0, kN, {}, 41);
+  ASSERT_OK(w.status());
+  std::memcpy(w->staging->data(), b.data(), kN);
+  w->release(Status::Ok());
+  std::promise<ir::bytes> sent;
+  ASSERT_OK(b_->ReadToHost(5, 1, 0, kN, {}, 0, [&](Result<std::shared_ptr<HostBuffer>> r) {
+    sent.set_value(r.ok() ? ir::bytes((*r)->data(), (*r)->data() + kN) : ir::bytes{});
+  }));
+  auto got = sent.get_future();
+  ASSERT_EQ(got.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  EXPECT_TRUE(got.get() == b);
+  ir::EventQueryRep q;
+  ASSERT_OK(b_->OnEventQuery({41}, &q));
+  EXPECT_EQ(q.status, ir::kEventComplete);
+}
+
 TEST_F(CudaBackendTest, UserEventHoldsStream) {
   REQUIRE_MODULES();
   ASSERT_OK(LoadModule(1, kFatbin));
@@ -705,7 +762,9 @@ TEST_F(CudaBackendTest, UserEventHoldsStream) {
   setter.join();
   EXPECT_EQ(w.statuses, (ir::i32s{0}));
   EXPECT_EQ(b_->OnUserEventSet({30, 0}, nullptr).code(), Code::kInvalidArgument);
-  EXPECT_EQ(b_->OnUserEventSet({31, 0}, nullptr).code(), Code::kInvalidArgument);
+  // Not a user event of the session: unknown, so that a set which overtook its EventCreate
+  // (run urgently) goes back in the queue (Session::RunUrgent) and fails there if still so.
+  EXPECT_EQ(b_->OnUserEventSet({31, 0}, nullptr).code(), Code::kUnknownHandle);
   ASSERT_OK(b_->OnStreamSync({5}, nullptr));
   ASSERT_OK(b_->OnEventQuery({31}, &q));
   EXPECT_EQ(q.status, ir::kEventComplete);

@@ -224,10 +224,12 @@ Status CudaBackend::NotifyWhenDone(uint64_t event, std::function<void(int32_t st
   return CallWhenDone(Queue{device.value(), nullptr}, event, std::move(done));
 }
 
-// What both halves start with: the device memory, its stream (after `wait`), and a pinned
+// What both halves start with: the device memory, its stream (after `wait`; the signal checked
+// first, so that a bad one fails the command before anything is enqueued), and a pinned
 // buffer for the bytes.
 Result<CudaBackend::PeerStart> CudaBackend::StartPeer(uint64_t stream, uint64_t buffer, uint64_t offset,
-                                                      uint64_t size, const ir::u64s& wait, const char* what) {
+                                                      uint64_t size, const ir::u64s& wait, uint64_t signal,
+                                                      const char* what) {
   auto span = Resolve(buffer, offset, size, what);
   if (!span.ok()) return span.status();
   auto q = ResolveStream(stream, span->device);
@@ -235,47 +237,108 @@ Result<CudaBackend::PeerStart> CudaBackend::StartPeer(uint64_t stream, uint64_t 
   if (q->device != span->device)
     return Status::Invalid(
         fmt::format("{}: stream {} is on device {}, the memory on device {}", what, stream, q->device, span->device));
-  TANDEM_RETURN_IF_ERROR(WaitEvents(*q, wait));
+  TANDEM_RETURN_IF_ERROR(WaitEvents(*q, wait, signal));
   auto host = Pinned(q->device, size);
   if (!host.ok()) return host.status();
   return PeerStart{span->address, q.value(), std::move(host).value()};
 }
 
+void CudaBackend::DrainOrKeep(const Queue& q, std::shared_ptr<HostBuffer> host) {
+  Status st = Check(q.device, drv_->cuStreamSynchronize(q.stream), "cuStreamSynchronize");
+  if (st.ok()) return;
+  log::Warn("device {}: a pinned staging block of {} bytes is kept out of use: {}", q.device, host->size(),
+            st.message());
+  kept_.push_back(std::move(host));
+}
+
 Status CudaBackend::ReadToHost(uint64_t stream, uint64_t buffer, uint64_t offset, uint64_t size, const ir::u64s& wait,
                                uint64_t signal, std::function<void(Result<std::shared_ptr<HostBuffer>>)> done) {
-  auto p = StartPeer(stream, buffer, offset, size, wait, "PeerSend");
+  auto p = StartPeer(stream, buffer, offset, size, wait, signal, "PeerSend");
   if (!p.ok()) return p.status();
   const Queue* q = &p->queue;
   TANDEM_RETURN_IF_ERROR(
       Check(q->device, drv_->cuMemcpyDtoHAsync(p->host->data(), p->address, size, q->stream), "cuMemcpyDtoHAsync"));
-  TANDEM_RETURN_IF_ERROR(Signal(*q, signal));
-  return CallWhenDone(*q, std::nullopt, [bytes = p->host, done = std::move(done)](int32_t status) {
-    if (status != ir::kEventComplete)
-      done(Status(Code::kApiError, fmt::format("the copy of a server-to-server transfer's source failed ({})", -status),
-                  -status, Api::kCuda));
-    else
-      done(bytes);
-  });
+  Status st = Signal(*q, signal);
+  if (st.ok())
+    st = CallWhenDone(*q, std::nullopt, [bytes = p->host, done = std::move(done)](int32_t status) {
+      if (status != ir::kEventComplete)
+        done(Status(Code::kApiError, fmt::format("the copy of a server-to-server transfer's source failed ({})", -status),
+                    -status, Api::kCuda));
+      else
+        done(bytes);
+    });
+  // The copy into the block is enqueued and cannot be taken back.
+  if (!st.ok()) DrainOrKeep(*q, p->host);
+  return st;
 }
 
+namespace {
+
+void CUDA_CB SetFlag(CUstream, CUresult, void* flag) {
+  __atomic_store_n(static_cast<uint32_t*>(flag), 1u, __ATOMIC_RELEASE);
+}
+
+}  // namespace
+
+// The write is enqueued now, held on a flag until the bytes are in the staging (release).
+// A transfer that fails cannot take the enqueued write back: its release first copies the
+// destination's own bytes into the staging, on the device's restore stream behind an event
+// recorded where the stream stood before the write, and only then sets the flag, so the write
+// puts back what was there. Release runs on whichever thread saw the transfer end.
 Result<PendingWrite> CudaBackend::WriteFromHost(uint64_t stream, uint64_t buffer, uint64_t offset, uint64_t size,
                                                 const ir::u64s& wait, uint64_t signal) {
-  auto p = StartPeer(stream, buffer, offset, size, wait, "PeerRecv");
+  auto p = StartPeer(stream, buffer, offset, size, wait, signal, "PeerRecv");
   if (!p.ok()) return p.status();
-  const Queue* q = &p->queue;
-  auto word = NewUserFlag(q->device);
+  const Queue q = p->queue;
+  Device& d = devices_[q.device];
+  if (!d.restore_stream)
+    TANDEM_RETURN_IF_ERROR(Check(q.device, drv_->cuStreamCreateWithPriority(&d.restore_stream, CU_STREAM_NON_BLOCKING, 0),
+                                 "cuStreamCreateWithPriority"));
+  auto word = NewUserFlag(q.device);
   if (!word.ok()) return word.status();
-  TANDEM_RETURN_IF_ERROR(WaitUserFlag(*q, word.value()));
-  TANDEM_RETURN_IF_ERROR(
-      Check(q->device, drv_->cuMemcpyHtoDAsync(p->address, p->host->data(), size, q->stream), "cuMemcpyHtoDAsync"));
-  TANDEM_RETURN_IF_ERROR(Signal(*q, signal));
-  // The buffer stays until the copy has read it.
-  TANDEM_RETURN_IF_ERROR(CallWhenDone(*q, std::nullopt, [keep = p->host](int32_t) {}));
+  uint32_t* flag = word.value();
+  CUevent before = nullptr;
+  TANDEM_RETURN_IF_ERROR(Check(q.device, drv_->cuEventCreate(&before, CU_EVENT_DISABLE_TIMING), "cuEventCreate"));
+  Status st = Check(q.device, drv_->cuEventRecord(before, q.stream), "cuEventRecord");
+  if (st.ok()) st = WaitUserFlag(q, flag);
+  if (!st.ok()) {
+    Forget("cuEventDestroy", q.device, drv_->cuEventDestroy(before));
+    return st;
+  }
+  // From here the stream is held on the flag: a failure lets it go, after the write (if it was
+  // enqueued) has run from a block nobody else has.
+  st = Check(q.device, drv_->cuMemcpyHtoDAsync(p->address, p->host->data(), size, q.stream), "cuMemcpyHtoDAsync");
+  const bool write_enqueued = st.ok();
+  if (st.ok()) st = Signal(q, signal);
+  // The buffer stays until the write has read it.
+  if (st.ok()) st = CallWhenDone(q, std::nullopt, [keep = p->host](int32_t) {});
+  if (!st.ok()) {
+    Forget("cuEventDestroy", q.device, drv_->cuEventDestroy(before));
+    SetFlag(nullptr, CUDA_SUCCESS, flag);
+    if (write_enqueued) DrainOrKeep(q, p->host);
+    return st;
+  }
   PendingWrite pending;
   pending.staging = p->host;
-  // A failed transfer lets the stream go on too (the session reports the failure): the copy
-  // that was enqueued cannot be taken back.
-  pending.release = [flag = word.value()](const Status&) { __atomic_store_n(flag, 1u, __ATOMIC_RELEASE); };
+  pending.release = [drv = drv_, ctx = d.ctx, restore = d.restore_stream, before, flag, dst = p->address,
+                     host = p->host->data(), size, device = q.device](const Status& got) {
+    // Any thread: the context made current here is the device's, as for the executor.
+    CUresult r = drv->cuCtxSetCurrent(ctx);
+    if (!got.ok()) {
+      if (r == CUDA_SUCCESS) r = drv->cuStreamWaitEvent(restore, before, 0);
+      if (r == CUDA_SUCCESS) r = drv->cuMemcpyDtoHAsync(host, dst, size, restore);
+      if (r == CUDA_SUCCESS) r = drv->cuStreamAddCallback(restore, SetFlag, flag, 0);
+      if (r != CUDA_SUCCESS) {
+        log::Warn("device {}: a failed server-to-server receive could not keep its destination's bytes ({}): "
+                  "{} bytes there are undefined",
+                  device, drv->Check(r, "restore").message(), size);
+        SetFlag(nullptr, CUDA_SUCCESS, flag);
+      }
+    } else {
+      SetFlag(nullptr, CUDA_SUCCESS, flag);
+    }
+    if (r == CUDA_SUCCESS || got.ok()) drv->cuEventDestroy(before);  // freed once it has completed
+  };
   return pending;
 }
 

@@ -112,7 +112,11 @@ class CudaBackend final : public Backend {
     // Cross-server event waits (NotifyWhenDone): a stream of its own waits on each exported
     // event and then runs a host callback, created on first use.
     CUstream notify_stream = nullptr;
+    // A failed server-to-server receive (WriteFromHost's release) copies the destination's own
+    // bytes into the staging here, behind the point its stream had reached, created on first use.
+    CUstream restore_stream = nullptr;
   };
+  std::vector<std::shared_ptr<HostBuffer>> kept_;  // DrainOrKeep's: never reused
   struct Reservation {
     uint32_t device;
     uint64_t size;
@@ -198,6 +202,15 @@ class CudaBackend final : public Backend {
   // cuda_events.cc: streams and the wait/signal fields of every enqueue.
   Result<Queue> ResolveStream(uint64_t stream, uint32_t device_of_default);
   Status WaitEvents(const Queue& q, const std::vector<uint64_t>& wait);
+  // Whether the command may signal `signal` on q (0: nothing to signal): an event of this
+  // session on q's device, not a user event. Asked before anything is enqueued, so that a
+  // command that fails for its signal has done nothing.
+  Status CheckSignal(const Queue& q, uint64_t signal);
+  // The wait list enqueued on q, once the signal is known good.
+  Status WaitEvents(const Queue& q, const std::vector<uint64_t>& wait, uint64_t signal) {
+    TANDEM_RETURN_IF_ERROR(CheckSignal(q, signal));
+    return WaitEvents(q, wait);
+  }
   Status Signal(const Queue& q, uint64_t signal);
   bool IsUserEvent(uint64_t event);
   // The device of an event, real or user (`what` names the command in the error).
@@ -217,7 +230,11 @@ class CudaBackend final : public Backend {
     std::shared_ptr<HostBuffer> host;
   };
   Result<PeerStart> StartPeer(uint64_t stream, uint64_t buffer, uint64_t offset, uint64_t size, const ir::u64s& wait,
-                              const char* what);
+                              uint64_t signal, const char* what);
+  // After a failure that leaves a copy touching `host` enqueued on q: waits for q here (an
+  // error path), so the block goes back to the pool only once no copy uses it; if even that
+  // fails, the block is kept for good rather than handed out under a live copy.
+  void DrainOrKeep(const Queue& q, std::shared_ptr<HostBuffer> host);
   // Host memory of at least n bytes from the pinned pool, pinned under the device's context.
   Result<std::shared_ptr<HostBuffer>> Pinned(uint32_t device, size_t n);
   Status Pin(uint32_t device, uint8_t* p, size_t n);

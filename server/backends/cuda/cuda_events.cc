@@ -71,7 +71,7 @@ Status CudaBackend::WaitEvents(const Queue& q, const std::vector<uint64_t>& wait
   return Status::Ok();
 }
 
-Status CudaBackend::Signal(const Queue& q, uint64_t signal) {
+Status CudaBackend::CheckSignal(const Queue& q, uint64_t signal) {
   if (signal == 0) return Status::Ok();
   auto it = events_.find(signal);
   if (it == events_.end()) {
@@ -82,8 +82,14 @@ Status CudaBackend::Signal(const Queue& q, uint64_t signal) {
   if (it->second.device != q.device)
     return Status::Invalid(fmt::format("event {} belongs to device {}, the command runs on device {}", signal,
                                        it->second.device, q.device));
+  return Status::Ok();
+}
+
+Status CudaBackend::Signal(const Queue& q, uint64_t signal) {
+  TANDEM_RETURN_IF_ERROR(CheckSignal(q, signal));
+  if (signal == 0) return Status::Ok();
   // Recording an event again moves it to this point, as cudaEventRecord does.
-  return Check(q.device, drv_->cuEventRecord(it->second.event, q.stream), "cuEventRecord");
+  return Check(q.device, drv_->cuEventRecord(events_.find(signal)->second.event, q.stream), "cuEventRecord");
 }
 
 Result<uint32_t*> CudaBackend::NewUserFlag(uint32_t device) {
@@ -177,7 +183,7 @@ Status CudaBackend::OnMarker(const ir::MarkerReq& req, ir::MarkerRep*) {
   }
   auto q = ResolveStream(req.stream, device);
   if (!q.ok()) return q.status();
-  TANDEM_RETURN_IF_ERROR(WaitEvents(*q, req.wait));
+  TANDEM_RETURN_IF_ERROR(WaitEvents(*q, req.wait, req.signal));
   return Signal(*q, req.signal);
 }
 
@@ -289,7 +295,9 @@ Status CudaBackend::OnEventElapsed(const ir::EventElapsedReq& req, ir::EventElap
 Status CudaBackend::OnUserEventSet(const ir::UserEventSetReq& req, ir::UserEventSetRep*) {
   std::lock_guard<std::mutex> lock(user_mu_);
   auto u = user_events_.find(req.event);
-  if (u == user_events_.end()) return Status::Invalid(fmt::format("event {} is not a user event of this session", req.event));
+  // Unknown, not invalid: a set that overtook its EventCreate (run urgently) is put back in
+  // the queue on kUnknownHandle (Session::RunUrgent).
+  if (u == user_events_.end()) return Status::Unknown(fmt::format("event {} is not a user event of this session", req.event));
   if (u->second.status != UserEvent::kNotSet)
     return Status::Invalid(fmt::format("user event {} is already set", req.event));
   // A negative (failed) status releases the stream too: the front end reports the failure.

@@ -49,7 +49,7 @@ Status CudaBackend::OnLaunch(const ir::LaunchReq& req, ir::LaunchRep*) {
   if (q->device != f.device)
     return Status::Invalid(fmt::format("Launch of {}: stream {} is on device {}, the function on device {}", f.name,
                                        req.stream, q->device, f.device));
-  TANDEM_RETURN_IF_ERROR(WaitEvents(*q, req.wait));
+  TANDEM_RETURN_IF_ERROR(WaitEvents(*q, req.wait, req.signal));
   void** kernel_params = params.empty() ? nullptr : params.data();
   if (req.flags & ir::kLaunchCooperative) {
     TANDEM_RETURN_IF_ERROR(Check(q->device,

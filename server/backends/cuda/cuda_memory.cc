@@ -188,7 +188,7 @@ Status CudaBackend::OnBufferCopy(const ir::BufferCopyReq& req, ir::BufferCopyRep
   TANDEM_RETURN_IF_ERROR(Enter(dst->device));
   auto q = ResolveStream(req.stream, dst->device);
   if (!q.ok()) return q.status();
-  TANDEM_RETURN_IF_ERROR(WaitEvents(*q, req.wait));
+  TANDEM_RETURN_IF_ERROR(WaitEvents(*q, req.wait, req.signal));
   if (req.size > 0) {
     if (src->device == dst->device) {
       TANDEM_RETURN_IF_ERROR(
@@ -218,7 +218,7 @@ Status CudaBackend::OnBufferFill(const ir::BufferFillReq& req, ir::BufferFillRep
   if (q->device != dst->device)
     return Status::Invalid(fmt::format("BufferFill: stream {} is on device {}, the memory on device {}", req.stream,
                                        q->device, dst->device));
-  TANDEM_RETURN_IF_ERROR(WaitEvents(*q, req.wait));
+  TANDEM_RETURN_IF_ERROR(WaitEvents(*q, req.wait, req.signal));
   uint32_t value = 0;
   for (size_t i = 0; i < unit; ++i) value |= static_cast<uint32_t>(req.pattern[i]) << (8 * i);
   const size_t n = req.size / unit;
@@ -250,9 +250,14 @@ Status CudaBackend::OnBufferCopyRect(const ir::BufferCopyRectReq& req, ir::Buffe
     if (row < r[0] || (r[2] > 1 && slice < row * r[1]))
       return Status::Invalid(fmt::format("BufferCopyRect {}: pitches {}/{} are smaller than the region", what, row, slice));
     // first = o2*slice + o1*row + o0; the extent runs (r2-1)*slice + (r1-1)*row + r0 bytes on.
+    // Each product fits 128 bits; checked against 64 before they are added, their sums do too.
     using Wide = unsigned __int128;
-    const Wide first = Wide{o[2]} * slice + Wide{o[1]} * row + o[0];
-    const Wide extent = Wide{r[2] - 1} * slice + Wide{r[1] - 1} * row + r[0];
+    const Wide terms[] = {Wide{o[2]} * slice, Wide{o[1]} * row, Wide{r[2] - 1} * slice, Wide{r[1] - 1} * row};
+    for (Wide t : terms)
+      if (t > UINT64_MAX)
+        return Status::Invalid(fmt::format("BufferCopyRect {}: the region runs past the address space", what));
+    const Wide first = terms[0] + terms[1] + o[0];
+    const Wide extent = terms[2] + terms[3] + r[0];
     if (first + extent > UINT64_MAX)
       return Status::Invalid(fmt::format("BufferCopyRect {}: the region runs past the address space", what));
     auto s = Resolve(buffer, static_cast<uint64_t>(first), static_cast<uint64_t>(extent), what);
@@ -265,7 +270,7 @@ Status CudaBackend::OnBufferCopyRect(const ir::BufferCopyRectReq& req, ir::Buffe
     if (!dst.ok()) return dst.status();
     auto q = ResolveStream(req.stream, dst->device);
     if (!q.ok()) return q.status();
-    TANDEM_RETURN_IF_ERROR(WaitEvents(*q, req.wait));
+    TANDEM_RETURN_IF_ERROR(WaitEvents(*q, req.wait, req.signal));
     return Signal(*q, req.signal);
   }
   auto src = side(req.src, req.src_origin, req.pitches[0], req.pitches[1], "source");
@@ -276,7 +281,7 @@ Status CudaBackend::OnBufferCopyRect(const ir::BufferCopyRectReq& req, ir::Buffe
   TANDEM_RETURN_IF_ERROR(Enter(dst->span.device));
   auto q = ResolveStream(req.stream, dst->span.device);
   if (!q.ok()) return q.status();
-  TANDEM_RETURN_IF_ERROR(WaitEvents(*q, req.wait));
+  TANDEM_RETURN_IF_ERROR(WaitEvents(*q, req.wait, req.signal));
 
   // One 3D copy when both slice pitches are whole rows, else one per slice.
   const bool whole = src->slice % src->row == 0 && dst->slice % dst->row == 0;

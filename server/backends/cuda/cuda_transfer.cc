@@ -42,7 +42,7 @@ Status CudaBackend::OnBufferWrite(const ir::BufferWriteReq& req, ir::BufferWrite
   if (q->device != dst->device)
     return Status::Invalid(fmt::format("BufferWrite: stream {} is on device {}, the memory on device {}", req.stream,
                                        q->device, dst->device));
-  TANDEM_RETURN_IF_ERROR(WaitEvents(*q, req.wait));
+  TANDEM_RETURN_IF_ERROR(WaitEvents(*q, req.wait, req.signal));
   if (!req.data.empty()) {
     // The driver copies pageable bytes out before returning, so the request may go away.
     TANDEM_RETURN_IF_ERROR(Check(q->device, drv_->cuMemcpyHtoDAsync(dst->address, req.data.data(), req.size, q->stream),
@@ -91,7 +91,7 @@ Status CudaBackend::OnBufferRead(const ir::BufferReadReq& req, ir::BufferReadRep
   if (q->device != src->device)
     return Status::Invalid(fmt::format("BufferRead: stream {} is on device {}, the memory on device {}", req.stream,
                                        q->device, src->device));
-  TANDEM_RETURN_IF_ERROR(WaitEvents(*q, req.wait));
+  TANDEM_RETURN_IF_ERROR(WaitEvents(*q, req.wait, req.signal));
   if (!inline_reply && req.size > 0) {
     TANDEM_RETURN_IF_ERROR(ReadToClient(*q, src->address, req));
     return Signal(*q, req.signal);
