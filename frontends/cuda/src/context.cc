@@ -21,7 +21,29 @@ int& CurrentIndex() {
   return index;
 }
 
+// What the GPU can do and a program through Tandem cannot: host memory mapped into kernels,
+// managed memory, memory pools (cudaMallocAsync), atomics with the host. Reported as 0, so
+// that a program that asks first takes its other path; the calls themselves answer
+// cudaErrorNotSupported.
+bool RemoteLacks(int attr) {
+  switch (attr) {
+    case cudaDevAttrCanMapHostMemory:
+    case cudaDevAttrManagedMemory:
+    case cudaDevAttrConcurrentManagedAccess:
+    case cudaDevAttrDirectManagedMemAccessFromHost:
+    case cudaDevAttrPageableMemoryAccess:
+    case cudaDevAttrPageableMemoryAccessUsesHostPageTables:
+    case cudaDevAttrCanUseHostPointerForRegisteredMem:
+    case cudaDevAttrHostNativeAtomicSupported:
+    case cudaDevAttrMemoryPoolsSupported:
+      return true;
+    default:
+      return false;
+  }
+}
+
 int32_t DeviceContext::Attr(int attr, int32_t fallback) const {
+  if (RemoteLacks(attr)) return 0;
   int32_t v = fallback;
   dev->PropAs<int32_t>(ir::kCudaAttrBase + static_cast<uint32_t>(attr), &v);
   return v;

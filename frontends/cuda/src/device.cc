@@ -232,7 +232,7 @@ TANDEM_API cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, i
   const client::Device& dev = *(*list)[static_cast<size_t>(device)]->dev;
   int32_t v = 0;
   if (!dev.PropAs<int32_t>(ir::kCudaAttrBase + static_cast<uint32_t>(attr), &v)) return Return(cudaErrorInvalidValue);
-  *value = v;
+  *value = RemoteLacks(attr) ? 0 : v;
   return cudaSuccess;
 }
 

@@ -52,6 +52,7 @@ struct FatBinary {
   const void* image = nullptr;  // the fatbinary as nvcc embedded it, header included
   size_t size = 0;
   bool valid = false;           // magic numbers checked at registration
+  bool managed = false;         // declares __managed__ variables: its kernels are not launched
   bool hashed = false;
   XXH128_hash_t hash{};         // content hash: one ModuleLoad per image per device
 };
@@ -232,6 +233,8 @@ int& CurrentIndex();
 cudaError_t EnsureFunction(DeviceContext& d, const Kernel& k, const Function** out);
 // Updates the cached attribute (kCudaFuncAttrBase + CUfunction_attribute) of a function.
 void SetFunctionAttr(Function& fn, uint32_t cu_attr, int32_t value);
+// Device attributes Tandem reports as 0 whatever the GPU says (context.cc).
+bool RemoteLacks(int attr);
 // The device address and size of a __device__ / __constant__ symbol (once per device). Needs mu.
 cudaError_t EnsureSymbol(DeviceContext& d, const Symbol& s, uint64_t* address, uint64_t* size);
 // Collects the asynchronous errors the device's session reported; the first one is returned,

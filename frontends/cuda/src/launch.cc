@@ -35,6 +35,8 @@ cudaError_t Launch(const void* func, dim3 grid, dim3 block, void** args, size_t 
   std::lock_guard<std::mutex> lock(f.mu);
   const Kernel* k = FindKernel(func);
   if (!k) return cudaErrorInvalidDeviceFunction;
+  if (k->fatbin && k->fatbin->managed)
+    return Unsupported("kernel launch from a module with __managed__ variables (managed memory)");
   StreamRef s;
   TANDEM_RETURN_CUDA_IF_ERROR(ResolveStream(stream, &s));
   DeviceContext* d = nullptr;

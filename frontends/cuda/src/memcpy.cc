@@ -87,9 +87,13 @@ cudaError_t Write(const Target& t, uint64_t address, const void* src, size_t n, 
   return Outcome(done, posted);
 }
 
-// Device -> host. Asynchronous reads land before the next sync point returns.
+// Device -> host. Asynchronous reads into pinned memory land before the next sync point
+// returns; into pageable memory they return once the bytes are there, as CUDA's do ("for
+// transfers from device memory to pageable host memory, the function will return only once
+// the copy has completed"): the program may read them at once.
 cudaError_t Read(const Target& t, uint64_t address, void* dst, size_t n, bool async,
                  std::shared_ptr<fabric::MemoryRegion> pinned) {
+  if (!pinned) async = false;
   Frontend& f = Frontend::Get();
   ir::BufferReadReq req{.stream = t.stream, .buffer = 0, .offset = address, .size = n};
   auto done = async ? nullptr : std::make_shared<Done>();

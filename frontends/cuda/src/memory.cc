@@ -176,8 +176,10 @@ TANDEM_API cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
 
 TANDEM_API cudaError_t cudaHostAlloc(void** ptr, size_t size, unsigned int flags) {
   if (!ptr) return Return(cudaErrorInvalidValue);
+  // Mapped host memory would be read by kernels on a remote GPU: not supported (and reported
+  // so: cudaDevAttrCanMapHostMemory is 0).
   if (flags & cudaHostAllocMapped)
-    log::Once("cudaHostAlloc(cudaHostAllocMapped): kernels on remote devices cannot reach host memory");
+    return Unsupported("cudaHostAlloc(cudaHostAllocMapped): kernels on remote devices cannot reach host memory");
   *ptr = nullptr;
   if (size == 0) return cudaSuccess;
   void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -208,7 +210,7 @@ TANDEM_API cudaError_t cudaFreeHost(void* ptr) {
 TANDEM_API cudaError_t cudaHostRegister(void* ptr, size_t size, unsigned int flags) {
   if (!ptr || size == 0) return Return(cudaErrorInvalidValue);
   if (flags & cudaHostRegisterMapped)
-    log::Once("cudaHostRegister(cudaHostRegisterMapped): kernels on remote devices cannot reach host memory");
+    return Unsupported("cudaHostRegister(cudaHostRegisterMapped): kernels on remote devices cannot reach host memory");
   Frontend& f = Frontend::Get();
   std::lock_guard<std::mutex> lock(f.mu);
   const auto a = reinterpret_cast<uintptr_t>(ptr);

@@ -1,6 +1,8 @@
 // The hidden entry points nvcc's generated code calls: fat binary, kernel and variable
 // registration (from static constructors, so nothing here touches the network), and the
 // launch configuration stack behind <<<...>>>. See ../shared/CUDA-ABI.md.
+#include <cstdlib>
+
 #include "frontend.h"
 
 namespace tandem::cuda {
@@ -117,10 +119,16 @@ TANDEM_API void __cudaRegisterVar(void** handle, char* host_var, char* device_ad
   f.symbols[host_var] = std::move(s);
 }
 
-// Managed memory would need the host and device to share pages: not available remotely.
-TANDEM_API void __cudaRegisterManagedVar(void**, void**, char*, const char* device_name, int, size_t, int, int) {
-  log::Error("__managed__ variable {}: managed memory is not supported by Tandem; using it will fail",
+// Managed memory would need the host and device to share pages: not available remotely. The
+// host's accesses (nvcc turns them into *hostVarPtrAddress) go to host memory of its own, zeroed
+// as the variable starts, so the program does not fault on them; the module's kernels, which
+// would see other bytes, are refused with cudaErrorNotSupported (Launch).
+TANDEM_API void __cudaRegisterManagedVar(void** handle, void** host_var_ptr, char*, const char* device_name, int,
+                                         size_t size, int, int) {
+  log::Error("__managed__ variable {}: managed memory is not supported by Tandem; this module's kernels will not launch",
              device_name ? device_name : "?");
+  if (handle) AsFatBinary(handle)->managed = true;
+  if (host_var_ptr) *host_var_ptr = std::calloc(1, size ? size : 1);  // for the program's life
 }
 
 // Host variables referenced from device code (__host__ __device__ globals of -rdc builds

@@ -258,6 +258,7 @@ TANDEM_API cudaError_t cudaStreamQuery(cudaStream_t stream) {
 }
 
 TANDEM_API cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
+  if (flags & ~unsigned{cudaEventWaitExternal}) return Return(cudaErrorInvalidValue);  // as natively
   Frontend& f = Frontend::Get();
   std::unique_lock<std::mutex> lock(f.mu);
   auto e = f.events.find(event);

@@ -1,5 +1,7 @@
 // Pinned (cudaMallocHost, cudaHostAlloc) and registered (cudaHostRegister) host memory,
-// synchronous and asynchronous copies from and to it, and cudaPointerGetAttributes.
+// synchronous and asynchronous copies from and to it, and cudaPointerGetAttributes; an
+// asynchronous read into pageable memory, which returns once the bytes are there; mapped host
+// memory offered only where the device says it can map it.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -9,6 +11,14 @@
 __global__ void twice(int* p, int n) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) p[i] *= 2;
+}
+
+// Spins about `cycles` clocks, then fills p: a read queued behind it waits that long.
+__global__ void slow_fill(int* p, int n, int value, long long cycles) {
+  const long long start = clock64();
+  while (clock64() - start < cycles) {
+  }
+  for (int i = threadIdx.x; i < n; i += blockDim.x) p[i] = value;
 }
 
 const char* type_name(cudaMemoryType t) {
@@ -62,6 +72,31 @@ int main() {
   printf("stack pointer: type %s\n", type_name(a.type));
   unsigned flags = 0;
   CHECK(cudaHostGetFlags(&flags, portable));
+
+  // cudaMemcpyAsync from the device into pageable memory returns once the copy has completed
+  // (CUDA's API synchronization behavior): the bytes may be read at once.
+  int* pageable = static_cast<int*>(malloc(n * sizeof(int)));
+  memset(pageable, 0, n * sizeof(int));
+  slow_fill<<<1, 256>>>(d, n, 7, 200LL * 1000 * 1000);  // some 0.1 s
+  CHECK(cudaMemcpyAsync(pageable, d, n * sizeof(int), cudaMemcpyDeviceToHost, 0));
+  printf("async read into pageable memory, read at once: %d %d\n", pageable[0], pageable[n - 1]);
+  CHECK(cudaDeviceSynchronize());
+  free(pageable);
+
+  // Mapped host memory: where the device cannot map it, asking for it is not supported.
+  int can_map = -1;
+  CHECK(cudaDeviceGetAttribute(&can_map, cudaDevAttrCanMapHostMemory, 0));
+  cudaDeviceProp prop;
+  CHECK(cudaGetDeviceProperties(&prop, 0));
+  void* mapped = nullptr;
+  cudaError_t mapped_err = cudaHostAlloc(&mapped, 4096, cudaHostAllocMapped);
+  printf("mapped host memory offered only where the device maps it: %s\n",
+         prop.canMapHostMemory == can_map &&
+                 (can_map ? mapped_err == cudaSuccess : mapped_err == cudaErrorNotSupported)
+             ? "yes"
+             : "no");
+  if (mapped_err == cudaSuccess) CHECK(cudaFreeHost(mapped));
+  cudaGetLastError();
 
   CHECK(cudaHostUnregister(plain));
   printf("unregister twice: %s\n", cudaGetErrorName(cudaHostUnregister(plain)));

@@ -45,6 +45,8 @@ int main() {
   // Stream 0 combines streams 1 and 2 once both are done.
   int* out;
   CHECK(cudaMalloc(&out, n * sizeof(int)));
+  printf("wait with unknown flags: %s\n", cudaGetErrorName(cudaStreamWaitEvent(s[0], done[1], 0x100)));
+  cudaGetLastError();
   CHECK(cudaStreamWaitEvent(s[0], done[1], 0));
   CHECK(cudaStreamWaitEvent(s[0], done[2], 0));
   combine<<<(n + 255) / 256, 256, 0, s[0]>>>(dev[1], dev[2], out, n);
