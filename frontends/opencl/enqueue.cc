@@ -9,6 +9,9 @@
 #include "objects.h"
 
 namespace tandem::ocl {
+
+cl_int Finish(cl_command_queue q);  // context_queue.cc: clFinish
+
 namespace {
 
 using Completion = _cl_event::Completion;
@@ -201,6 +204,29 @@ std::vector<std::array<size_t, 3>> Runs(const Rect& buf, const Rect& host, const
   return runs;
 }
 
+// Whether two rectangles of one root buffer (at byte origins `so` and `do_` of it) share a
+// byte. With the same pitches, the specification's own test (check_copy_overlap, in the
+// OpenCL 1.1 specification's appendix): rows that interleave without touching do not
+// overlap. Otherwise their byte ranges are compared, which may refuse a copy that would not
+// overlap, never allow one that does.
+bool RectsOverlap(const Rect& s, size_t so, const Rect& d, size_t do_, const size_t* region) {
+  const size_t s0 = so + s.Offset(0, 0), s1 = so + RectEnd(s, region);
+  const size_t d0 = do_ + d.Offset(0, 0), d1 = do_ + RectEnd(d, region);
+  if (d1 <= s0 || s1 <= d0) return false;
+  if (s.row != d.row || s.slice != d.slice) return true;
+  const size_t row = s.row, slice = s.slice;
+  const size_t plane = (region[1] - 1) * row + region[0];  // bytes one slice of the region spans
+  const size_t src_dx = s0 % row, dst_dx = d0 % row;
+  if ((dst_dx >= src_dx + region[0] && dst_dx + region[0] <= src_dx + row) ||
+      (src_dx >= dst_dx + region[0] && src_dx + region[0] <= dst_dx + row))
+    return false;
+  const size_t src_dy = s0 % slice, dst_dy = d0 % slice;
+  if ((dst_dy >= src_dy + plane && dst_dy + plane <= src_dy + slice) ||
+      (src_dy >= dst_dy + plane && src_dy + plane <= dst_dy + slice))
+    return false;
+  return true;
+}
+
 // Waits for a number of completions.
 class Countdown {
  public:
@@ -375,11 +401,8 @@ cl_int EnqueueCopyBufferRect(cl_command_queue q, cl_mem src, cl_mem dst, const s
   if (!err && (RectEnd(s, region) > src->size || RectEnd(d, region) > dst->size)) err = CL_INVALID_VALUE;
   if (!err && src == dst && (s.row != d.row || s.slice != d.slice)) err = CL_INVALID_VALUE;
   if (err) return End(cmd, out, err);
-  if (src->remote() == dst->remote()) {
-    size_t s0 = src->origin + s.Offset(0, 0), s1 = src->origin + RectEnd(s, region);
-    size_t d0 = dst->origin + d.Offset(0, 0), d1 = dst->origin + RectEnd(d, region);
-    if (s0 < d1 && d0 < s1) return End(cmd, out, CL_MEM_COPY_OVERLAP);
-  }
+  if (src->remote() == dst->remote() && RectsOverlap(s, src->origin, d, dst->origin, region))
+    return End(cmd, out, CL_MEM_COPY_OVERLAP);
   // Sub-buffer origins fold into the x origin (bytes).
   ir::BufferCopyRectReq req;
   req.stream = q->stream;
@@ -422,6 +445,8 @@ void* EnqueueMapBuffer(cl_command_queue q, cl_mem mem, cl_bool blocking, cl_map_
                        size_t size, cl_uint n, const cl_event* list, cl_event* out, cl_int* errcode_ret) {
   Command cmd;
   cl_event* want = out;
+  // No flags: read and write, as PoCL and NVIDIA's OpenCL take it.
+  if (flags == 0) flags = CL_MAP_READ | CL_MAP_WRITE;
   bool reads = !(flags & CL_MAP_WRITE_INVALIDATE_REGION);
   cl_int err = Begin(q, n, list, want, CL_COMMAND_MAP_BUFFER, reads ? Completion::kHost : Completion::kRemote, &cmd);
   if (!err) err = CheckMem(cmd, mem);
@@ -448,8 +473,11 @@ void* EnqueueMapBuffer(cl_command_queue q, cl_mem mem, cl_bool blocking, cl_map_
   if (reads) {
     auto keep = m.staging;
     err = Read(cmd, mem, blocking, offset, size, m.ptr, [keep] {}, "clEnqueueMapBuffer");
-  } else if (cmd.event) {
+  } else if (cmd.event || blocking || !cmd.wait.empty()) {
+    // Nothing to read, but the map is still a command of the queue: it waits for its list, and
+    // a blocking one returns only once it (and so what the queue held before it) is done.
     PostMarker(cmd, false);
+    if (blocking) err = Finish(q);
   }
   if (err) return SetErr(errcode_ret, End(cmd, out, err)), nullptr;
   void* ptr = m.ptr;

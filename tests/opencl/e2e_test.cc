@@ -290,6 +290,29 @@ TEST_F(Tandem, MapAndUnmap) {
   ASSERT_EQ(clGetMemObjectInfo(u, CL_MEM_HOST_PTR, sizeof host_ptr, &host_ptr, nullptr), CL_SUCCESS);
   EXPECT_EQ(host_ptr, host.data());
   ASSERT_EQ(clFinish(queue_), CL_SUCCESS);
+
+  // No map flags: read and write (the writes once were dropped at the unmap).
+  auto* rw = static_cast<int*>(clEnqueueMapBuffer(queue_, m, CL_TRUE, 0, 0, 4 * sizeof(int), 0, nullptr, nullptr, &err));
+  ASSERT_EQ(err, CL_SUCCESS);
+  EXPECT_EQ(rw[0], 9000);
+  rw[0] = 99;
+  ASSERT_EQ(clEnqueueUnmapMemObject(queue_, m, rw, 0, nullptr, nullptr), CL_SUCCESS);
+  int first = 0;
+  ASSERT_EQ(clEnqueueReadBuffer(queue_, m, CL_TRUE, 0, sizeof first, &first, 0, nullptr, nullptr), CL_SUCCESS);
+  EXPECT_EQ(first, 99);
+
+  // A blocking invalidate-map returns only once what the queue held before it is done: here a
+  // non-blocking read, whose bytes must then be in host memory (it once returned at once).
+  std::vector<int> early(n, 0);
+  ASSERT_EQ(clEnqueueReadBuffer(queue_, m, CL_FALSE, 0, n * sizeof(int), early.data(), 0, nullptr, nullptr), CL_SUCCESS);
+  auto* inv = static_cast<int*>(clEnqueueMapBuffer(queue_, u, CL_TRUE, CL_MAP_WRITE_INVALIDATE_REGION, 0,
+                                                   sizeof(int), 0, nullptr, nullptr, &err));
+  ASSERT_EQ(err, CL_SUCCESS);
+  EXPECT_EQ(early[0], 99);
+  EXPECT_EQ(early[64], 0);  // -0, written by the first map
+  EXPECT_EQ(early[200], 300);
+  ASSERT_EQ(clEnqueueUnmapMemObject(queue_, u, inv, 0, nullptr, nullptr), CL_SUCCESS);
+  ASSERT_EQ(clFinish(queue_), CL_SUCCESS);
   clReleaseMemObject(u);
   clReleaseMemObject(m);
 }
@@ -334,6 +357,18 @@ TEST_F(Tandem, RectangularTransfers) {
     for (size_t y = 0; y < 3; ++y)
       for (size_t x = 0; x < 5; ++x)
         EXPECT_EQ(tight[z * 15 + y * 5 + x], host[z * slice + (y + 1) * row + (x + 1)]) << x << "," << y << "," << z;
+  // Within one buffer: the even rows of 8 bytes onto the odd ones (row pitch 16, x origin 8).
+  // The byte ranges interleave without a shared byte: no overlap, by the specification's test.
+  size_t even[3] = {0, 0, 0}, odd[3] = {8, 0, 0}, rows[3] = {8, 8, 2};
+  ASSERT_EQ(clEnqueueCopyBufferRect(queue_, m, m, even, odd, rows, row, slice, row, slice, 0, nullptr, nullptr),
+            CL_SUCCESS);
+  ASSERT_EQ(clEnqueueReadBuffer(queue_, m, CL_TRUE, 0, total, whole.data(), 0, nullptr, nullptr), CL_SUCCESS);
+  for (size_t i = 0; i < total; i += row)
+    for (size_t x = 0; x < 8; ++x) ASSERT_EQ(whole[i + 8 + x], whole[i + x]) << i << "," << x;
+  // Shifted by one byte, they share bytes.
+  size_t shifted[3] = {1, 0, 0}, narrow[3] = {8, 2, 1};
+  EXPECT_EQ(clEnqueueCopyBufferRect(queue_, m, m, even, shifted, narrow, row, slice, row, slice, 0, nullptr, nullptr),
+            CL_MEM_COPY_OVERLAP);
   size_t bad_region[3] = {17, 1, 1};
   EXPECT_EQ(clEnqueueReadBufferRect(queue_, m, CL_TRUE, zero_origin, zero_origin, bad_region, row, 0, 0, 0,
                                     tight.data(), 0, nullptr, nullptr),
