@@ -4,6 +4,7 @@
 // view (parent + origin) whose offsets are rewritten on the client. Host-pointer buffers get an initial upload;
 // USE_HOST_PTR memory is synchronised at map/unmap (enqueue.cc).
 #include <algorithm>
+#include <thread>
 
 #include "objects.h"
 
@@ -200,6 +201,8 @@ bool SpansServers(cl_context context) {
 cl_int AcquireBuffer(cl_command_queue q, cl_mem mem, BufferUse use, uint64_t* handle, std::vector<uint64_t>* wait,
                      const std::vector<cl_event>& foreign, cl_event writer, uint64_t lo, uint64_t hi) {
   _cl_mem* root = MutableRoot(mem);
+  mem->NoteQueue(q);
+  if (root != mem) root->NoteQueue(q);
   client::Session* here = &q->session();
   std::lock_guard lock(root->residency_mu);
   _cl_mem::Copy* mine = CopyOn(root, q);
@@ -307,7 +310,19 @@ _cl_mem::~_cl_mem() {
     for (const Copy& c : copies) c.session->Post(tandem::ir::BufferFreeReq{c.handle});
   }
   cl_mem self = this;
-  for (auto it = destructors.rbegin(); it != destructors.rend(); ++it)
-    RunCallback([self, cb = *it] { cb.first(self, cb.second); });
+  if (!destructors.empty() && !used_by.empty()) {
+    // Commands that use it may still be queued (a transfer may still be landing in its host
+    // pointer, which a callback may free): the callbacks run once those queues have finished,
+    // off the application's thread (and off the callback thread, which a finish may need).
+    std::thread([self, queues = std::move(used_by), callbacks = std::move(destructors)] {
+      for (const auto& q : queues) FinishHeld(q.get());
+      for (auto it = callbacks.rbegin(); it != callbacks.rend(); ++it)
+        RunCallback([self, cb = *it] { cb.first(self, cb.second); });
+    }).detach();
+  } else {
+    for (auto it = destructors.rbegin(); it != destructors.rend(); ++it)
+      RunCallback([self, cb = *it] { cb.first(self, cb.second); });
+  }
+  used_by.clear();
   context->Unhold();
 }

@@ -288,6 +288,15 @@ struct _cl_mem : tandem::ocl::Object<_cl_mem> {
   std::mutex mu;
   std::vector<Mapping> maps;
   std::vector<std::pair<Destructor, void*>> destructors;
+  // The queues whose commands have used it (AcquireBuffer): its destructor callbacks run once
+  // they have finished, as the object is deleted only once its queued commands are done.
+  std::vector<tandem::ocl::Held<_cl_command_queue>> used_by;
+  void NoteQueue(cl_command_queue q) {
+    std::lock_guard lock(mu);
+    for (const auto& h : used_by)
+      if (h.get() == q) return;
+    used_by.emplace_back(q);
+  }
 
   const _cl_mem* root() const { return parent ? parent : this; }
   uint64_t remote() const { return root()->handle; }
@@ -412,6 +421,8 @@ enum class BufferUse {
 // never copies anything.
 // `writer` is the command's event: a writing use records it as a write of [lo, hi) of the
 // root buffer on that copy.
+// clFinish for Tandem's own use, on a queue the caller holds (the application may have released it).
+cl_int FinishHeld(cl_command_queue q);
 cl_int AcquireBuffer(cl_command_queue q, cl_mem mem, BufferUse use, uint64_t* handle, std::vector<uint64_t>* wait,
                      const std::vector<cl_event>& foreign, cl_event writer, uint64_t lo, uint64_t hi);
 // Whether the context's devices are on more than one server (buffers then move between them).

@@ -730,6 +730,31 @@ cl_uint RefCount(T obj, cl_int (*get)(T, Info, size_t, void*, size_t*), Info key
   return n;
 }
 
+// A buffer released while a command that uses it is still queued: the object goes, and its
+// destructor callback runs, only once that command is done (a callback may free the memory a
+// transfer still lands in; it once ran at the release).
+TEST_F(Tandem, DestructorCallbackWaitsForQueuedCommands) {
+  cl_int err = CL_SUCCESS;
+  cl_event gate = clCreateUserEvent(context_, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  cl_mem b = Buffer(CL_MEM_READ_WRITE, 64);
+  const int seven = 7;
+  ASSERT_EQ(clEnqueueFillBuffer(queue_, b, &seven, sizeof seven, 0, 64, 1, &gate, nullptr), CL_SUCCESS);
+  ASSERT_EQ(clFlush(queue_), CL_SUCCESS);
+  std::atomic<int> fired{0};
+  ASSERT_EQ(clSetMemObjectDestructorCallback(
+                b, [](cl_mem, void* p) { static_cast<std::atomic<int>*>(p)->fetch_add(1); }, &fired),
+            CL_SUCCESS);
+  ASSERT_EQ(clReleaseMemObject(b), CL_SUCCESS);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(fired.load(), 0) << "the callback ran while the fill was still held";
+  ASSERT_EQ(clSetUserEventStatus(gate, CL_COMPLETE), CL_SUCCESS);
+  ASSERT_EQ(clFinish(queue_), CL_SUCCESS);
+  for (int i = 0; i < 500 && fired.load() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(fired.load(), 1);
+  clReleaseEvent(gate);
+}
+
 TEST_F(Tandem, ReferenceCounts) {
   EXPECT_EQ(RefCount(context_, clGetContextInfo, cl_context_info{CL_CONTEXT_REFERENCE_COUNT}), 1u);
   ASSERT_EQ(clRetainContext(context_), CL_SUCCESS);
