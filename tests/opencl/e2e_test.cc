@@ -516,6 +516,10 @@ TEST_F(Tandem, NDRangeWithOffsetAndChecks) {
   std::vector<int> init(width * height, -1);
   cl_mem m = Buffer(CL_MEM_COPY_HOST_PTR, init.size() * sizeof(int), init.data());
   ASSERT_EQ(clSetKernelArg(k, 0, sizeof m, &m), CL_SUCCESS);
+  // An int parameter given a long: refused here, as natively (it once passed, and the launch
+  // then failed with nothing but a log line).
+  const long wide = width;
+  EXPECT_EQ(clSetKernelArg(k, 1, sizeof wide, &wide), CL_INVALID_ARG_SIZE);
   ASSERT_EQ(clSetKernelArg(k, 1, sizeof width, &width), CL_SUCCESS);
   size_t offset[2] = {8, 4}, global[2] = {16, 8}, local[2] = {4, 4};
   ASSERT_EQ(clEnqueueNDRangeKernel(queue_, k, 2, offset, global, local, 0, nullptr, nullptr), CL_SUCCESS);

@@ -535,6 +535,9 @@ TEST_F(OpenCLBackendTest, BuildFromSourceThenFromItsBinary) {
   EXPECT_EQ(mix->params[0].kind, static_cast<uint32_t>(ir::ParamKind::kGlobal));
   EXPECT_EQ(mix->params[1].kind, static_cast<uint32_t>(ir::ParamKind::kValue));
   EXPECT_EQ(mix->params[3].kind, static_cast<uint32_t>(ir::ParamKind::kLocal));
+  // A built-in value type's size, for clSetKernelArg's check; a struct's is the device's to say.
+  EXPECT_EQ(mix->params[1].size, 4u);
+  EXPECT_EQ(mix->params[2].size, 0u);
   EXPECT_EQ(mix->params[0].name, "out");
   EXPECT_GT(mix->max_block, 0u);
   EXPECT_EQ(mix->compile_block.size(), 3u);

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <array>
+#include <cstring>
 
 #include "opencl_backend.h"
 #include "tandem/log.h"
@@ -23,6 +24,24 @@ ir::ParamKind KindOf(cl_kernel_arg_address_qualifier q, const std::string& type_
     default:
       return ir::ParamKind::kValue;
   }
+}
+
+// The size of a by-value parameter of a built-in scalar or vector type, from its type name
+// ("int", "float4", "uchar16"; a 3-vector takes 4 elements' room); 0 for any other (structs,
+// size_t, whose size the device decides): the front end's clSetKernelArg then checks nothing.
+uint32_t ValueSize(const std::string& type_name) {
+  static const std::pair<const char*, uint32_t> kScalars[] = {
+      {"char", 1}, {"uchar", 1}, {"short", 2}, {"ushort", 2}, {"half", 2}, {"int", 4},
+      {"uint", 4}, {"float", 4}, {"long", 8}, {"ulong", 8}, {"double", 8}};
+  for (const auto& [name, size] : kScalars) {
+    const size_t n = std::strlen(name);
+    if (type_name.compare(0, n, name) != 0) continue;
+    const std::string rest = type_name.substr(n);
+    if (rest.empty()) return size;
+    for (uint32_t lanes : {2u, 3u, 4u, 8u, 16u})
+      if (rest == std::to_string(lanes)) return size * (lanes == 3 ? 4 : lanes);
+  }
+  return 0;
 }
 
 template <class T>
@@ -60,6 +79,7 @@ Status OpenCLBackend::DescribeKernel(cl_kernel k, cl_device_id dev, ir::Function
       return ClError(err, "clGetKernelArgInfo", fmt::format("argument {} of {}", i, info->name));
     }
     p.kind = static_cast<uint32_t>(KindOf(q, p.type_name));
+    if (p.kind == static_cast<uint32_t>(ir::ParamKind::kValue)) p.size = ValueSize(p.type_name);
     info->params.push_back(std::move(p));
   }
   size_t wg = 0;
