@@ -273,13 +273,18 @@ cudaError_t TakeAsyncErrors(DeviceContext& d) {
     log::Error("device {}: server {} is gone: {}", d.index, d.session().server(), health.message());
     first = cudaErrorDevicesUnavailable;
   }
+  cudaError_t sticky = cudaSuccess;
   for (const ir::AsyncError& e : errors) {
     Status st(static_cast<Code>(e.code), e.message, e.native, static_cast<Api>(e.api));
     cudaError_t ce = ToCuda(st);
     log::Info("device {}: asynchronous error of {}: {}", d.index, ir::CommandName(static_cast<uint16_t>(e.opcode)),
               st.ToString());
     if (first == cudaSuccess) first = ce;
+    if (sticky == cudaSuccess && IsSticky(ce)) sticky = ce;
   }
+  // A sticky error among them, not only a first one, corrupts the context: it is what this
+  // and every later call report, as natively.
+  if (sticky != cudaSuccess) first = sticky;
   if (IsSticky(first)) {
     std::lock_guard<std::mutex> lock(Frontend::Get().mu);
     d.sticky = first;
