@@ -103,6 +103,7 @@ BatchOutcome Session::HandleBatch(std::span<const uint8_t> msg) {
   const auto batch_started = std::chrono::steady_clock::now();
   out_ = &out;
   DestroyFinishedImports();
+  inline_reply_bytes_ = 0;
   TakeAsyncFailures();
   if (releases_due_.load()) TakeReleases();
   std::vector<ir::Record> records;
@@ -277,6 +278,17 @@ void Session::Run(const ir::Record& rec, ir::BatchWriter& out) {
   Status st = ir::DecodeRequest(rec.payload, &req);
   // A malformed record is always answered: its flags cannot be trusted to say otherwise.
   if (!st.ok()) return ReplyError(rec, st, out);
+  if constexpr (std::is_same_v<Req, ir::BufferReadReq>) {
+    if (req.remote.len == 0 && req.remote.addr == 0) {  // the bytes come back in the reply
+      if (req.size > kMaxInlineReplyBytes - inline_reply_bytes_)
+        return ReplyError(rec,
+                          Status(Code::kOverload, fmt::format("read back of {} bytes in the reply: one request message "
+                                                              "may ask for at most {} such bytes",
+                                                              req.size, kMaxInlineReplyBytes)),
+                          out);
+      inline_reply_bytes_ += req.size;
+    }
+  }
   // A PeerRecv holds itself (HoldArrival): its bytes are asked for at once.
   if constexpr (!std::is_same_v<Req, ir::PeerRecvReq>) {
     HoldKeys keys;

@@ -123,6 +123,33 @@ TEST_F(SessionTest, MalformedInputGetsClearErrorsAndTheSessionGoesOn) {
   EXPECT_EQ(backend_.calls, 0);
 }
 
+// One request message may ask for at most Session::kMaxInlineReplyBytes of read backs carried
+// in replies: its reply batch counts bytes in 32 bits, and the worker would hold them all
+// (the review's: 17 reads of 256 MiB made a reply the client rejected whole).
+TEST_F(SessionTest, InlineReadBacksOfOneMessageAreBounded) {
+  Attach();
+  constexpr uint64_t kQuarter = Session::kMaxInlineReplyBytes / 4;
+  ir::BatchWriter w(ir::BatchKind::kRequests);
+  // Of a buffer that does not exist: each fails in the backend, allocating nothing, and counts.
+  for (uint64_t seq = 20; seq < 24; ++seq)
+    w.AddRequest(ir::BufferReadReq{.stream = 0, .buffer = 0x999, .offset = 0, .size = kQuarter}, seq);
+  w.AddRequest(ir::BufferReadReq{.stream = 0, .buffer = 0x999, .offset = 0, .size = 1}, 24);
+  auto r = Run(w);
+  ASSERT_EQ(r.size(), 5u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_FALSE(r[i].head.status.ok()) << i;  // the backend's answer: no such buffer
+    EXPECT_NE(r[i].head.status.code(), Code::kOverload) << i;
+  }
+  EXPECT_EQ(r[4].head.status.code(), Code::kOverload);
+  EXPECT_NE(r[4].head.status.message().find("at most"), std::string::npos) << r[4].head.status.ToString();
+  // The next message starts afresh.
+  w.AddRequest(ir::BufferReadReq{.stream = 0, .buffer = 0x999, .offset = 0, .size = 1}, 25);
+  r = Run(w);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_FALSE(r[0].head.status.ok());
+  EXPECT_NE(r[0].head.status.code(), Code::kOverload);
+}
+
 TEST_F(SessionTest, AsyncFailuresAreDeferredToTheNextReply) {
   Attach();
   ir::BatchWriter w(ir::BatchKind::kRequests);

@@ -89,6 +89,8 @@ class Session {
   static constexpr uint64_t kAsyncPeerBytes = 64u << 20;
   // Host bytes that asynchronous copies may hold at once (see TakeAsyncBytes).
   static constexpr uint64_t kAsyncPeerBudget = 1ull << 30;
+  // Bytes that the inline read backs of one request message may ask for, all together.
+  static constexpr uint64_t kMaxInlineReplyBytes = 1ull << 30;
 
   // With defer_replies, replies that wait on the device come back in BatchOutcome::late
   // instead of blocking HandleBatch.
@@ -271,6 +273,10 @@ class Session {
   std::unordered_set<uint64_t> unanswered_;    // imported events whose server has not answered
   bool replaying_ = false;
   uint64_t current_seq_ = 0;  // the record being run
+  // Bytes of inline read backs (replies that carry the data) taken on in the batch being run:
+  // one request message must not make the worker hold, or one reply message carry, more than
+  // kMaxInlineReplyBytes (a reply batch counts its bytes in 32 bits).
+  uint64_t inline_reply_bytes_ = 0;
   ir::BatchWriter* out_ = nullptr;  // the replies of the batch being run (held commands' errors)
   std::mutex release_mu_;
   std::condition_variable release_cv_;
