@@ -17,11 +17,14 @@ namespace tandem::fabric {
 class Reassembly {
  public:
   struct Limits {
-    // Messages started and not yet handed on. A sender has at most its send buffers' worth
-    // in flight (Options::send_buffers, 64 by default) plus those posted inline.
+    // Messages of several fragments begun and not complete: one per sending thread at a time
+    // (a thread sends a message's fragments one after another). Whole messages waiting their
+    // turn do not count: small frames from other threads may pile up behind a large message.
     size_t max_open = 4096;
     // How far past the next message to hand on a fragment's msg_id may lie.
     uint64_t max_ahead = uint64_t{1} << 20;
+    // Bytes held for messages not yet handed on: what a peer can make this side hold.
+    uint64_t max_held = wire::kMaxMessage;
   };
 
   Reassembly() = default;
@@ -32,16 +35,19 @@ class Reassembly {
   // of a message already handed on is dropped (Ok). An error for: a fragment whose count or
   // total disagrees with its message's first one, one that overlaps or repeats another, all
   // fragments come but not covering the message, too many messages open, a msg_id too far
-  // ahead. The caller ends the link: what the peer sends next cannot be trusted either.
+  // ahead, more bytes held than max_held, a single fragment shorter than its message. The
+  // caller ends the link: what the peer sends next cannot be trusted either.
   Status Add(const wire::Header& h, const uint8_t* payload, size_t len, std::vector<std::vector<uint8_t>>* out);
 
-  size_t open() const { return partial_.size(); }
+  // Messages begun and not complete.
+  size_t open() const { return incomplete_; }
   // Bytes held for messages not yet handed on.
   uint64_t held() const { return held_; }
   uint64_t next() const { return next_; }
   void Clear() {
     partial_.clear();
     held_ = 0;
+    incomplete_ = 0;
   }
 
  private:
@@ -59,6 +65,7 @@ class Reassembly {
   Limits limits_;
   uint64_t next_ = 0;  // msg_id of the next message to hand on
   uint64_t held_ = 0;
+  size_t incomplete_ = 0;
   std::map<uint64_t, Partial> partial_;  // by msg_id; complete ones wait here for their turn
 };
 

@@ -576,6 +576,33 @@ TEST(FabricReassembly, TooManyOpenOrTooFarAheadIsAProtocolError) {
   EXPECT_TRUE(out.empty());
 }
 
+TEST(FabricReassembly, WholeMessagesBehindALargeOneDoNotCountAsOpen) {
+  // Other threads' small frames pile up behind a message still arriving: a legitimate sender.
+  std::vector<std::vector<uint8_t>> out;
+  const uint8_t one[1] = {1};
+  Reassembly r(Reassembly::Limits{.max_open = 4, .max_ahead = 1000, .max_held = 1000});
+  ASSERT_TRUE(r.Add(Fragment(0, 0, 2, 2, 0), one, 1, &out).ok());
+  for (uint64_t msg = 1; msg <= 100; ++msg) ASSERT_TRUE(r.Add(Fragment(msg, 0, 1, 1, 0), one, 1, &out).ok()) << msg;
+  EXPECT_EQ(r.open(), 1u);
+  EXPECT_TRUE(out.empty());
+  ASSERT_TRUE(r.Add(Fragment(0, 1, 2, 2, 1), one, 1, &out).ok());
+  EXPECT_EQ(out.size(), 101u);
+  EXPECT_EQ(r.held(), 0u);
+}
+
+TEST(FabricReassembly, HeldBytesAndShortSingleFragmentsAreBounded) {
+  std::vector<std::vector<uint8_t>> out;
+  const auto ten = Pattern(10, 1);
+  Reassembly r(Reassembly::Limits{.max_open = 4, .max_ahead = 100, .max_held = 16});
+  ASSERT_TRUE(r.Add(Fragment(1, 0, 1, 10, 0), ten.data(), 10, &out).ok());  // waits for message 0
+  EXPECT_EQ(r.Add(Fragment(2, 0, 1, 10, 0), ten.data(), 10, &out).code(), Code::kProtocol);
+  // One fragment that claims more than it carries: a truncated message, refused on either path.
+  Reassembly s;
+  EXPECT_EQ(s.Add(Fragment(0, 0, 1, 10, 0), ten.data(), 4, &out).code(), Code::kProtocol);
+  EXPECT_EQ(s.Add(Fragment(5, 0, 1, 10, 0), ten.data(), 4, &out).code(), Code::kProtocol);
+  EXPECT_TRUE(out.empty());
+}
+
 TEST(FabricWire, HeaderRoundTripAndSize) {
   wire::Header h;
   h.type = wire::Type::kData;

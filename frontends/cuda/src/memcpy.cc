@@ -87,13 +87,10 @@ cudaError_t Write(const Target& t, uint64_t address, const void* src, size_t n, 
   return Outcome(done, posted);
 }
 
-// Device -> host. Asynchronous reads into pinned memory land before the next sync point
-// returns; into pageable memory they return once the bytes are there, as CUDA's do ("for
-// transfers from device memory to pageable host memory, the function will return only once
-// the copy has completed"): the program may read them at once.
+// Device -> host. Asynchronous reads land before the next sync point returns. `pinned`: the
+// destination's RMA registration, if the copy goes that way (null for small copies).
 cudaError_t Read(const Target& t, uint64_t address, void* dst, size_t n, bool async,
                  std::shared_ptr<fabric::MemoryRegion> pinned) {
-  if (!pinned) async = false;
   Frontend& f = Frontend::Get();
   ir::BufferReadReq req{.stream = t.stream, .buffer = 0, .offset = address, .size = n};
   auto done = async ? nullptr : std::make_shared<Done>();
@@ -183,8 +180,13 @@ cudaError_t Copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cuda
     return Write(t, d.ptr.address, src, n, async, std::move(pinned));
   }
   auto pinned = Registration(dst, n, *t.session);
+  // Into pageable memory an asynchronous read returns once the bytes are there, as CUDA's does
+  // ("for transfers from device memory to pageable host memory, the function will return only
+  // once the copy has completed"): the program may read them at once. Into pinned memory it
+  // stays asynchronous.
+  const bool to_pageable = f.FindHost(dst, n) == nullptr;
   lock.unlock();
-  TANDEM_RETURN_CUDA_IF_ERROR(Read(t, s.ptr.address, dst, n, async, std::move(pinned)));
+  TANDEM_RETURN_CUDA_IF_ERROR(Read(t, s.ptr.address, dst, n, async && !to_pageable, std::move(pinned)));
   // A synchronous read back is a sync point: earlier kernels' failures surface here.
   return async ? cudaSuccess : TakeAsyncErrors(*dev);
 }

@@ -1,7 +1,9 @@
 // The hidden entry points nvcc's generated code calls: fat binary, kernel and variable
 // registration (from static constructors, so nothing here touches the network), and the
 // launch configuration stack behind <<<...>>>. See ../shared/CUDA-ABI.md.
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
 
 #include "frontend.h"
 
@@ -128,7 +130,12 @@ TANDEM_API void __cudaRegisterManagedVar(void** handle, void** host_var_ptr, cha
   log::Error("__managed__ variable {}: managed memory is not supported by Tandem; this module's kernels will not launch",
              device_name ? device_name : "?");
   if (handle) AsFatBinary(handle)->managed = true;
-  if (host_var_ptr) *host_var_ptr = std::calloc(1, size ? size : 1);  // for the program's life
+  if (host_var_ptr) {  // for the program's life; aligned as the widest type (a float4, a double2)
+    const size_t bytes = (std::max<size_t>(size, 1) + 255) / 256 * 256;
+    void* p = std::aligned_alloc(256, bytes);
+    if (p) std::memset(p, 0, bytes);
+    *host_var_ptr = p;
+  }
 }
 
 // Host variables referenced from device code (__host__ __device__ globals of -rdc builds

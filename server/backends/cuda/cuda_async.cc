@@ -243,11 +243,9 @@ Result<CudaBackend::PeerStart> CudaBackend::StartPeer(uint64_t stream, uint64_t 
   return PeerStart{span->address, q.value(), std::move(host).value()};
 }
 
-void CudaBackend::DrainOrKeep(const Queue& q, std::shared_ptr<HostBuffer> host) {
-  Status st = Check(q.device, drv_->cuStreamSynchronize(q.stream), "cuStreamSynchronize");
-  if (st.ok()) return;
-  log::Warn("device {}: a pinned staging block of {} bytes is kept out of use: {}", q.device, host->size(),
-            st.message());
+void CudaBackend::Keep(uint32_t device, std::shared_ptr<HostBuffer> host) {
+  log::Warn("device {}: a pinned staging block of {} bytes is kept out of use (a copy may still use it)", device,
+            host->size());
   kept_.push_back(std::move(host));
 }
 
@@ -268,7 +266,7 @@ Status CudaBackend::ReadToHost(uint64_t stream, uint64_t buffer, uint64_t offset
         done(bytes);
     });
   // The copy into the block is enqueued and cannot be taken back.
-  if (!st.ok()) DrainOrKeep(*q, p->host);
+  if (!st.ok()) Keep(q->device, p->host);
   return st;
 }
 
@@ -282,18 +280,17 @@ void CUDA_CB SetFlag(CUstream, CUresult, void* flag) {
 
 // The write is enqueued now, held on a flag until the bytes are in the staging (release).
 // A transfer that fails cannot take the enqueued write back: its release first copies the
-// destination's own bytes into the staging, on the device's restore stream behind an event
-// recorded where the stream stood before the write, and only then sets the flag, so the write
-// puts back what was there. Release runs on whichever thread saw the transfer end.
+// destination's own bytes into the staging, on a stream of its own behind an event recorded
+// where the stream stood before the write, and only then sets the flag, so the write puts back
+// what was there. Its own stream: two failed receives whose streams wait on each other (one's
+// `before` behind the other's flag) would deadlock on a shared one. Release runs on whichever
+// thread saw the transfer end.
 Result<PendingWrite> CudaBackend::WriteFromHost(uint64_t stream, uint64_t buffer, uint64_t offset, uint64_t size,
                                                 const ir::u64s& wait, uint64_t signal) {
   auto p = StartPeer(stream, buffer, offset, size, wait, signal, "PeerRecv");
   if (!p.ok()) return p.status();
   const Queue q = p->queue;
   Device& d = devices_[q.device];
-  if (!d.restore_stream)
-    TANDEM_RETURN_IF_ERROR(Check(q.device, drv_->cuStreamCreateWithPriority(&d.restore_stream, CU_STREAM_NON_BLOCKING, 0),
-                                 "cuStreamCreateWithPriority"));
   auto word = NewUserFlag(q.device);
   if (!word.ok()) return word.status();
   uint32_t* flag = word.value();
@@ -315,16 +312,18 @@ Result<PendingWrite> CudaBackend::WriteFromHost(uint64_t stream, uint64_t buffer
   if (!st.ok()) {
     Forget("cuEventDestroy", q.device, drv_->cuEventDestroy(before));
     SetFlag(nullptr, CUDA_SUCCESS, flag);
-    if (write_enqueued) DrainOrKeep(q, p->host);
+    if (write_enqueued) Keep(q.device, p->host);
     return st;
   }
   PendingWrite pending;
   pending.staging = p->host;
-  pending.release = [drv = drv_, ctx = d.ctx, restore = d.restore_stream, before, flag, dst = p->address,
-                     host = p->host->data(), size, device = q.device](const Status& got) {
+  pending.release = [drv = drv_, ctx = d.ctx, before, flag, dst = p->address, host = p->host->data(), size,
+                     device = q.device](const Status& got) {
     // Any thread: the context made current here is the device's, as for the executor.
     CUresult r = drv->cuCtxSetCurrent(ctx);
     if (!got.ok()) {
+      CUstream restore = nullptr;
+      if (r == CUDA_SUCCESS) r = drv->cuStreamCreateWithPriority(&restore, CU_STREAM_NON_BLOCKING, 0);
       if (r == CUDA_SUCCESS) r = drv->cuStreamWaitEvent(restore, before, 0);
       if (r == CUDA_SUCCESS) r = drv->cuMemcpyDtoHAsync(host, dst, size, restore);
       if (r == CUDA_SUCCESS) r = drv->cuStreamAddCallback(restore, SetFlag, flag, 0);
@@ -334,10 +333,13 @@ Result<PendingWrite> CudaBackend::WriteFromHost(uint64_t stream, uint64_t buffer
                   device, drv->Check(r, "restore").message(), size);
         SetFlag(nullptr, CUDA_SUCCESS, flag);
       }
+      if (restore) drv->cuStreamDestroy(restore);  // returns at once; its work still runs
     } else {
       SetFlag(nullptr, CUDA_SUCCESS, flag);
+      if (r != CUDA_SUCCESS)
+        log::Warn("device {}: releasing a server-to-server receive: {}", device, drv->Check(r, "cuCtxSetCurrent").message());
     }
-    if (r == CUDA_SUCCESS || got.ok()) drv->cuEventDestroy(before);  // freed once it has completed
+    if (r == CUDA_SUCCESS) drv->cuEventDestroy(before);  // freed once it has completed
   };
   return pending;
 }

@@ -166,8 +166,6 @@ std::vector<uint8_t*> CudaBackend::ReleaseDevice(uint32_t device, bool keep_rese
   // Callbacks still queued on it run (with the reset's status) as the stream goes.
   if (d.notify_stream) Forget("cuStreamDestroy", device, drv_->cuStreamDestroy(d.notify_stream));
   d.notify_stream = nullptr;
-  if (d.restore_stream) Forget("cuStreamDestroy", device, drv_->cuStreamDestroy(d.restore_stream));
-  d.restore_stream = nullptr;
   for (auto it = reservations_.begin(); !keep_reservations && it != reservations_.end();) {
     if (it->second.device != device) {
       ++it;

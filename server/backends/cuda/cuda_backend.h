@@ -112,9 +112,6 @@ class CudaBackend final : public Backend {
     // Cross-server event waits (NotifyWhenDone): a stream of its own waits on each exported
     // event and then runs a host callback, created on first use.
     CUstream notify_stream = nullptr;
-    // A failed server-to-server receive (WriteFromHost's release) copies the destination's own
-    // bytes into the staging here, behind the point its stream had reached, created on first use.
-    CUstream restore_stream = nullptr;
   };
   std::vector<std::shared_ptr<HostBuffer>> kept_;  // DrainOrKeep's: never reused
   struct Reservation {
@@ -231,10 +228,10 @@ class CudaBackend final : public Backend {
   };
   Result<PeerStart> StartPeer(uint64_t stream, uint64_t buffer, uint64_t offset, uint64_t size, const ir::u64s& wait,
                               uint64_t signal, const char* what);
-  // After a failure that leaves a copy touching `host` enqueued on q: waits for q here (an
-  // error path), so the block goes back to the pool only once no copy uses it; if even that
-  // fails, the block is kept for good rather than handed out under a live copy.
-  void DrainOrKeep(const Queue& q, std::shared_ptr<HostBuffer> host);
+  // After a failure that leaves a copy touching `host` enqueued on q: the block is kept for
+  // good rather than handed out under a live copy (q may be held by a user event for as long as
+  // the program likes: the executor does not wait for it). A driver failure path only.
+  void Keep(uint32_t device, std::shared_ptr<HostBuffer> host);
   // Host memory of at least n bytes from the pinned pool, pinned under the device's context.
   Result<std::shared_ptr<HostBuffer>> Pinned(uint32_t device, size_t n);
   Status Pin(uint32_t device, uint8_t* p, size_t n);
