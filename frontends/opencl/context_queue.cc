@@ -196,11 +196,6 @@ cl_int Flush(cl_command_queue q) {
 // Waits for the stream, then for reads whose data is still on its way to host memory.
 cl_int Finish(cl_command_queue q) {
   if (!Valid(q)) return CL_INVALID_COMMAND_QUEUE;
-  return FinishHeld(q);
-}
-
-// Finish for Tandem's own use: q may be released by the application, the caller holds it.
-cl_int FinishHeld(cl_command_queue q) {
   Held<_cl_command_queue> hold(q);
   auto r = CallOn(q->session(), ir::StreamSyncReq{q->stream});
   if (!r.ok()) return ToCl(r.status(), "clFinish");

@@ -92,17 +92,22 @@ class HostOp {
   HostOp(cl_command_queue q, cl_event e) : q_(q), e_(e) {
     std::lock_guard lock(q->mu);
     q->host_pending++;
+    id_ = q->host_next++;
+    q->host_open.insert(id_);
   }
   void Complete(const Status& st, std::string_view call) {
     if (done_.exchange(true)) return;
     if (e_) SetEventStatus(e_.get(), st.ok() ? CL_COMPLETE : ToCl(st, call, CL_INVALID_MEM_OBJECT));
     std::lock_guard lock(q_->mu);
-    if (--q_->host_pending == 0) q_->cv.notify_all();
+    q_->host_open.erase(id_);
+    --q_->host_pending;
+    q_->cv.notify_all();
   }
 
  private:
   Held<_cl_command_queue> q_;
   Held<_cl_event> e_;
+  uint64_t id_ = 0;
   std::atomic<bool> done_{false};
 };
 

@@ -310,18 +310,46 @@ _cl_mem::~_cl_mem() {
     for (const Copy& c : copies) c.session->Post(tandem::ir::BufferFreeReq{c.handle});
   }
   cl_mem self = this;
-  if (!destructors.empty() && !used_by.empty()) {
-    // Commands that use it may still be queued (a transfer may still be landing in its host
-    // pointer, which a callback may free): the callbacks run once those queues have finished,
-    // off the application's thread (and off the callback thread, which a finish may need).
-    std::thread([self, queues = std::move(used_by), callbacks = std::move(destructors)] {
-      for (const auto& q : queues) FinishHeld(q.get());
-      for (auto it = callbacks.rbegin(); it != callbacks.rend(); ++it)
-        RunCallback([self, cb = *it] { cb.first(self, cb.second); });
-    }).detach();
-  } else {
-    for (auto it = destructors.rbegin(); it != destructors.rend(); ++it)
+  // Commands that use it may still be queued (a transfer may still be landing in its host
+  // pointer, which a callback may free): each queue that used it and is still there gets a
+  // marker now, and the callbacks run once those markers are done and the reads begun before
+  // them have landed, off the application's thread (and off the callback thread).
+  struct Mark {
+    Held<_cl_command_queue> q;
+    uint64_t event = 0;
+    uint64_t reads_before = 0;
+  };
+  std::vector<Mark> marks;
+  for (cl_command_queue q : destructors.empty() ? std::vector<cl_command_queue>{} : used_by) {
+    if (!Registry<_cl_command_queue>::TryHoldLive(q)) continue;  // gone, and its stream with it
+    Mark m{Held<_cl_command_queue>(q), tandem::client::Runtime::Get().NewHandle(), 0};
+    q->Unhold();  // TryHoldLive's: m.q holds it now
+    {
+      std::lock_guard lock(q->mu);
+      m.reads_before = q->host_next;
+    }
+    q->session().Post(tandem::ir::MarkerReq{q->stream, 0, {}, m.event});
+    marks.push_back(std::move(m));
+  }
+  auto run = [self, callbacks = std::move(destructors)] {
+    for (auto it = callbacks.rbegin(); it != callbacks.rend(); ++it)
       RunCallback([self, cb = *it] { cb.first(self, cb.second); });
+  };
+  if (marks.empty()) {
+    run();
+  } else {
+    std::thread([marks = std::move(marks), run = std::move(run)] {
+      for (const Mark& m : marks) {
+        auto r = CallOn(m.q->session(), tandem::ir::EventWaitReq{{m.event}});
+        if (!r.ok())
+          tandem::log::Warn("clReleaseMemObject: waiting for the buffer's queued commands: {}; its destructor callbacks run now",
+                    r.status().message());
+        m.q->session().Post(tandem::ir::EventDestroyReq{m.event});
+        std::unique_lock lock(m.q->mu);
+        m.q->cv.wait(lock, [&] { return m.q->host_open.empty() || *m.q->host_open.begin() >= m.reads_before; });
+      }
+      run();
+    }).detach();
   }
   used_by.clear();
   context->Unhold();

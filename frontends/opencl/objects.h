@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -59,6 +60,12 @@ class Registry {
   static bool Contains(const void* p) {
     std::lock_guard lock(State().mu);
     return State().live.count(static_cast<const T*>(p)) != 0;
+  }
+  // An internal hold on p if it is still a live object, not being destroyed (the registry's
+  // lock keeps its deletion, which removes it first, from happening meanwhile).
+  static bool TryHoldLive(T* p) {
+    std::lock_guard lock(State().mu);
+    return State().live.count(static_cast<const T*>(p)) != 0 && p->TryHold();
   }
 
  private:
@@ -229,6 +236,8 @@ struct _cl_command_queue : tandem::ocl::Object<_cl_command_queue> {
   std::mutex mu;
   std::condition_variable cv;
   int host_pending = 0;
+  uint64_t host_next = 0;        // ids of those reads, in the order they began (HostOp)
+  std::set<uint64_t> host_open;  // ids of those not landed yet
 
   tandem::client::Session& session() const { return device->session(); }
   bool profiling() const { return props & CL_QUEUE_PROFILING_ENABLE; }
@@ -288,14 +297,13 @@ struct _cl_mem : tandem::ocl::Object<_cl_mem> {
   std::mutex mu;
   std::vector<Mapping> maps;
   std::vector<std::pair<Destructor, void*>> destructors;
-  // The queues whose commands have used it (AcquireBuffer): its destructor callbacks run once
-  // they have finished, as the object is deleted only once its queued commands are done.
-  std::vector<tandem::ocl::Held<_cl_command_queue>> used_by;
+  // The queues whose commands have used it (AcquireBuffer), not kept alive by it: when it goes
+  // with destructor callbacks set, those run once the commands these queues held at that moment
+  // are done, as the object is deleted only once its queued commands are done.
+  std::vector<cl_command_queue> used_by;
   void NoteQueue(cl_command_queue q) {
     std::lock_guard lock(mu);
-    for (const auto& h : used_by)
-      if (h.get() == q) return;
-    used_by.emplace_back(q);
+    if (std::find(used_by.begin(), used_by.end(), q) == used_by.end()) used_by.push_back(q);
   }
 
   const _cl_mem* root() const { return parent ? parent : this; }
@@ -421,8 +429,6 @@ enum class BufferUse {
 // never copies anything.
 // `writer` is the command's event: a writing use records it as a write of [lo, hi) of the
 // root buffer on that copy.
-// clFinish for Tandem's own use, on a queue the caller holds (the application may have released it).
-cl_int FinishHeld(cl_command_queue q);
 cl_int AcquireBuffer(cl_command_queue q, cl_mem mem, BufferUse use, uint64_t* handle, std::vector<uint64_t>* wait,
                      const std::vector<cl_event>& foreign, cl_event writer, uint64_t lo, uint64_t hi);
 // Whether the context's devices are on more than one server (buffers then move between them).

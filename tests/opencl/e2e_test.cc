@@ -736,7 +736,7 @@ cl_uint RefCount(T obj, cl_int (*get)(T, Info, size_t, void*, size_t*), Info key
 
 // A buffer released while a command that uses it is still queued: the object goes, and its
 // destructor callback runs, only once that command is done (a callback may free the memory a
-// transfer still lands in; it once ran at the release).
+// transfer still lands in; it once ran at the release), and not later than that.
 TEST_F(Tandem, DestructorCallbackWaitsForQueuedCommands) {
   cl_int err = CL_SUCCESS;
   cl_event gate = clCreateUserEvent(context_, &err);
@@ -752,10 +752,19 @@ TEST_F(Tandem, DestructorCallbackWaitsForQueuedCommands) {
   ASSERT_EQ(clReleaseMemObject(b), CL_SUCCESS);
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   EXPECT_EQ(fired.load(), 0) << "the callback ran while the fill was still held";
+  // A command enqueued after the release, held until the program has seen the callback: the
+  // callback waits only for what the queue held at the release (waiting for the whole queue
+  // would never end here).
+  cl_event later = clCreateUserEvent(context_, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  ASSERT_EQ(clEnqueueMarkerWithWaitList(queue_, 1, &later, nullptr), CL_SUCCESS);
+  ASSERT_EQ(clFlush(queue_), CL_SUCCESS);
   ASSERT_EQ(clSetUserEventStatus(gate, CL_COMPLETE), CL_SUCCESS);
-  ASSERT_EQ(clFinish(queue_), CL_SUCCESS);
   for (int i = 0; i < 500 && fired.load() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_EQ(fired.load(), 1);
+  ASSERT_EQ(clSetUserEventStatus(later, CL_COMPLETE), CL_SUCCESS);
+  ASSERT_EQ(clFinish(queue_), CL_SUCCESS);
+  clReleaseEvent(later);
   clReleaseEvent(gate);
 }
 
