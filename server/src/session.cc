@@ -278,17 +278,6 @@ void Session::Run(const ir::Record& rec, ir::BatchWriter& out) {
   Status st = ir::DecodeRequest(rec.payload, &req);
   // A malformed record is always answered: its flags cannot be trusted to say otherwise.
   if (!st.ok()) return ReplyError(rec, st, out);
-  if constexpr (std::is_same_v<Req, ir::BufferReadReq>) {
-    if (req.remote.len == 0 && req.remote.addr == 0) {  // the bytes come back in the reply
-      if (req.size > kMaxInlineReplyBytes - inline_reply_bytes_)
-        return ReplyError(rec,
-                          Status(Code::kOverload, fmt::format("read back of {} bytes in the reply: one request message "
-                                                              "may ask for at most {} such bytes",
-                                                              req.size, kMaxInlineReplyBytes)),
-                          out);
-      inline_reply_bytes_ += req.size;
-    }
-  }
   // A PeerRecv holds itself (HoldArrival): its bytes are asked for at once.
   if constexpr (!std::is_same_v<Req, ir::PeerRecvReq>) {
     HoldKeys keys;
@@ -311,6 +300,18 @@ void Session::Run(const ir::Record& rec, ir::BatchWriter& out) {
         st = ir::DecodeRequest(rec.payload, &req);
         if (!st.ok()) return ReplyError(rec, st, out);
       }
+    }
+  }
+  // Counted where it runs: a read held above is counted once, in the batch that releases it.
+  if constexpr (std::is_same_v<Req, ir::BufferReadReq>) {
+    if (req.remote.len == 0 && req.remote.addr == 0) {  // the bytes come back in the reply
+      if (req.size > kMaxInlineReplyBytes - inline_reply_bytes_)
+        return ReplyError(rec,
+                          Status(Code::kOverload, fmt::format("read back of {} bytes in the reply: one request message "
+                                                              "may ask for at most {} such bytes",
+                                                              req.size, kMaxInlineReplyBytes)),
+                          out);
+      inline_reply_bytes_ += req.size;
     }
   }
   current_seq_ = rec.header.seq;
@@ -996,6 +997,7 @@ BatchOutcome Session::RunReleased() {
   ir::BatchWriter out(ir::BatchKind::kReplies);
   out_ = &out;
   DestroyFinishedImports();
+  inline_reply_bytes_ = 0;
   TakeAsyncFailures();
   TakeReleases();
   out_ = nullptr;
