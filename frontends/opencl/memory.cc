@@ -320,15 +320,17 @@ _cl_mem::~_cl_mem() {
     uint64_t reads_before = 0;
   };
   std::vector<Mark> marks;
-  for (cl_command_queue q : destructors.empty() ? std::vector<cl_command_queue>{} : used_by) {
+  for (const auto& [q, stream] : destructors.empty() ? decltype(used_by){} : used_by) {
     if (!Registry<_cl_command_queue>::TryHoldLive(q)) continue;  // gone, and its stream with it
     Mark m{Held<_cl_command_queue>(q), tandem::client::Runtime::Get().NewHandle(), 0};
     q->Unhold();  // TryHoldLive's: m.q holds it now
+    if (q->stream != stream) continue;  // another queue at a dead one's address
     {
       std::lock_guard lock(q->mu);
       m.reads_before = q->host_next;
     }
     q->session().Post(tandem::ir::MarkerReq{q->stream, 0, {}, m.event});
+    q->session().Post(tandem::ir::StreamFlushReq{q->stream});
     marks.push_back(std::move(m));
   }
   auto run = [self, callbacks = std::move(destructors)] {
@@ -340,10 +342,21 @@ _cl_mem::~_cl_mem() {
   } else {
     std::thread([marks = std::move(marks), run = std::move(run)] {
       for (const Mark& m : marks) {
-        auto r = CallOn(m.q->session(), tandem::ir::EventWaitReq{{m.event}});
-        if (!r.ok())
-          tandem::log::Warn("clReleaseMemObject: waiting for the buffer's queued commands: {}; its destructor callbacks run now",
-                    r.status().message());
+        // Polled, not waited for: a wait would hold the session's executor on the server, and
+        // with it every later command of the program there, until the marker is done.
+        auto pause = std::chrono::microseconds(200);
+        for (;;) {
+          auto r = CallOn(m.q->session(), tandem::ir::EventQueryReq{m.event});
+          if (!r.ok()) {
+            tandem::log::Warn("clReleaseMemObject: waiting for the buffer's queued commands: {}; its destructor "
+                              "callbacks run now",
+                              r.status().message());
+            break;
+          }
+          if (r->status <= tandem::ir::kEventComplete) break;  // done, or failed: nothing more runs
+          std::this_thread::sleep_for(pause);
+          pause = std::min(pause * 2, std::chrono::microseconds(20000));
+        }
         m.q->session().Post(tandem::ir::EventDestroyReq{m.event});
         std::unique_lock lock(m.q->mu);
         m.q->cv.wait(lock, [&] { return m.q->host_open.empty() || *m.q->host_open.begin() >= m.reads_before; });

@@ -300,10 +300,13 @@ struct _cl_mem : tandem::ocl::Object<_cl_mem> {
   // The queues whose commands have used it (AcquireBuffer), not kept alive by it: when it goes
   // with destructor callbacks set, those run once the commands these queues held at that moment
   // are done, as the object is deleted only once its queued commands are done.
-  std::vector<cl_command_queue> used_by;
+  // With each queue its stream handle (unique): a queue deleted since, whose address a new
+  // queue took, is told apart by it.
+  std::vector<std::pair<cl_command_queue, uint64_t>> used_by;
   void NoteQueue(cl_command_queue q) {
     std::lock_guard lock(mu);
-    if (std::find(used_by.begin(), used_by.end(), q) == used_by.end()) used_by.push_back(q);
+    const std::pair<cl_command_queue, uint64_t> key{q, q->stream};
+    if (std::find(used_by.begin(), used_by.end(), key) == used_by.end()) used_by.push_back(key);
   }
 
   const _cl_mem* root() const { return parent ? parent : this; }

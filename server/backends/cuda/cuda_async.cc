@@ -272,6 +272,15 @@ Status CudaBackend::ReadToHost(uint64_t stream, uint64_t buffer, uint64_t offset
 
 namespace {
 
+// Pinned blocks a failed restore may still be writing into, from any thread: out of the pool
+// for the process's life (a driver failure path only).
+void KeepForever(std::shared_ptr<HostBuffer> block) {
+  static std::mutex mu;
+  static auto* kept = new std::vector<std::shared_ptr<HostBuffer>>;
+  std::lock_guard<std::mutex> lock(mu);
+  kept->push_back(std::move(block));
+}
+
 void CUDA_CB SetFlag(CUstream, CUresult, void* flag) {
   __atomic_store_n(static_cast<uint32_t*>(flag), 1u, __ATOMIC_RELEASE);
 }
@@ -317,21 +326,24 @@ Result<PendingWrite> CudaBackend::WriteFromHost(uint64_t stream, uint64_t buffer
   }
   PendingWrite pending;
   pending.staging = p->host;
-  pending.release = [drv = drv_, ctx = d.ctx, before, flag, dst = p->address, host = p->host->data(), size,
+  pending.release = [drv = drv_, ctx = d.ctx, before, flag, dst = p->address, staging = p->host, size,
                      device = q.device](const Status& got) {
     // Any thread: the context made current here is the device's, as for the executor.
     CUresult r = drv->cuCtxSetCurrent(ctx);
     if (!got.ok()) {
       CUstream restore = nullptr;
+      bool copying = false;  // the restore's copy into the staging is enqueued
       if (r == CUDA_SUCCESS) r = drv->cuStreamCreateWithPriority(&restore, CU_STREAM_NON_BLOCKING, 0);
       if (r == CUDA_SUCCESS) r = drv->cuStreamWaitEvent(restore, before, 0);
-      if (r == CUDA_SUCCESS) r = drv->cuMemcpyDtoHAsync(host, dst, size, restore);
+      if (r == CUDA_SUCCESS) copying = (r = drv->cuMemcpyDtoHAsync(staging->data(), dst, size, restore)) == CUDA_SUCCESS;
       if (r == CUDA_SUCCESS) r = drv->cuStreamAddCallback(restore, SetFlag, flag, 0);
       if (r != CUDA_SUCCESS) {
         log::Warn("device {}: a failed server-to-server receive could not keep its destination's bytes ({}): "
                   "{} bytes there are undefined",
                   device, drv->Check(r, "restore").message(), size);
         SetFlag(nullptr, CUDA_SUCCESS, flag);
+        // A copy may still write into the block when the write has read it: never reused.
+        if (copying) KeepForever(staging);
       }
       if (restore) drv->cuStreamDestroy(restore);  // returns at once; its work still runs
     } else {
@@ -339,7 +351,7 @@ Result<PendingWrite> CudaBackend::WriteFromHost(uint64_t stream, uint64_t buffer
       if (r != CUDA_SUCCESS)
         log::Warn("device {}: releasing a server-to-server receive: {}", device, drv->Check(r, "cuCtxSetCurrent").message());
     }
-    if (r == CUDA_SUCCESS) drv->cuEventDestroy(before);  // freed once it has completed
+    drv->cuEventDestroy(before);  // freed once it has completed
   };
   return pending;
 }

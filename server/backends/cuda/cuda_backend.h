@@ -113,7 +113,7 @@ class CudaBackend final : public Backend {
     // event and then runs a host callback, created on first use.
     CUstream notify_stream = nullptr;
   };
-  std::vector<std::shared_ptr<HostBuffer>> kept_;  // DrainOrKeep's: never reused
+  std::vector<std::shared_ptr<HostBuffer>> kept_;  // Keep's: never reused
   struct Reservation {
     uint32_t device;
     uint64_t size;
