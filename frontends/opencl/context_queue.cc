@@ -200,7 +200,7 @@ cl_int Finish(cl_command_queue q) {
   auto r = CallOn(q->session(), ir::StreamSyncReq{q->stream});
   if (!r.ok()) return ToCl(r.status(), "clFinish");
   std::unique_lock lock(q->mu);
-  q->cv.wait(lock, [&] { return q->host_pending == 0; });
+  q->cv.wait(lock, [&] { return q->host_open.empty(); });
   return CL_SUCCESS;
 }
 

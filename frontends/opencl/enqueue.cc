@@ -91,7 +91,6 @@ class HostOp {
  public:
   HostOp(cl_command_queue q, cl_event e) : q_(q), e_(e) {
     std::lock_guard lock(q->mu);
-    q->host_pending++;
     id_ = q->host_next++;
     q->host_open.insert(id_);
   }
@@ -100,7 +99,6 @@ class HostOp {
     if (e_) SetEventStatus(e_.get(), st.ok() ? CL_COMPLETE : ToCl(st, call, CL_INVALID_MEM_OBJECT));
     std::lock_guard lock(q_->mu);
     q_->host_open.erase(id_);
-    --q_->host_pending;
     q_->cv.notify_all();
   }
 

@@ -235,7 +235,6 @@ struct _cl_command_queue : tandem::ocl::Object<_cl_command_queue> {
   // Reads whose data has not reached host memory yet: clFinish waits for them too.
   std::mutex mu;
   std::condition_variable cv;
-  int host_pending = 0;
   uint64_t host_next = 0;        // ids of those reads, in the order they began (HostOp)
   std::set<uint64_t> host_open;  // ids of those not landed yet
 
