@@ -193,7 +193,8 @@ cl_int Flush(cl_command_queue q) {
   return ToCl(st, "clFlush");
 }
 
-// Waits for the stream, then for reads whose data is still on its way to host memory.
+// Waits for the stream, then for reads whose data is still on its way to host memory; answers
+// a failure of the server's that no event carried (RouteAsyncErrors).
 cl_int Finish(cl_command_queue q) {
   if (!Valid(q)) return CL_INVALID_COMMAND_QUEUE;
   Held<_cl_command_queue> hold(q);
@@ -201,7 +202,7 @@ cl_int Finish(cl_command_queue q) {
   if (!r.ok()) return ToCl(r.status(), "clFinish");
   std::unique_lock lock(q->mu);
   q->cv.wait(lock, [&] { return q->host_open.empty(); });
-  return CL_SUCCESS;
+  return TakeUnclaimedFailure(q->session());
 }
 
 }  // namespace tandem::ocl

@@ -23,6 +23,17 @@ HandleMap& Handles() {
   return *m;
 }
 
+// Per server session: the first failure of a command that changes device memory and had no
+// event to carry it, until a clFinish on one of that server's queues reports it.
+struct UnclaimedFailures {
+  std::mutex mu;
+  std::unordered_map<const client::Session*, cl_int> first;
+};
+UnclaimedFailures& Unclaimed() {
+  static UnclaimedFailures* u = new UnclaimedFailures;
+  return *u;
+}
+
 // The event for a handle, held, or null when it is gone.
 Held<_cl_event> FindEvent(uint64_t handle) {
   HandleMap& m = Handles();
@@ -288,8 +299,29 @@ void RouteAsyncErrors(client::Session& s) {
         continue;
       }
     }
-    log::Error("OpenCL: asynchronous {} on {} failed: {}", command, s.server(), st.ToString());
+    // No event tells the program: a command that wrote device memory is reported by the next
+    // clFinish of that server (the device's contents are not what the program asked for);
+    // anything else (a release, a flush) only here.
+    const ir::CommandInfo* info = ir::FindCommand(static_cast<uint16_t>(err.opcode));
+    const bool wrote = info && (info->flags & ir::kWritesDevice);
+    log::Error("OpenCL: asynchronous {} on {} failed: {}{}", command, s.server(), st.ToString(),
+               wrote ? " (reported by the next clFinish of that server's queues)" : "");
+    if (wrote) {
+      UnclaimedFailures& u = Unclaimed();
+      std::lock_guard lock(u.mu);
+      u.first.emplace(&s, CL_OUT_OF_RESOURCES);
+    }
   }
+}
+
+cl_int TakeUnclaimedFailure(const client::Session& s) {
+  UnclaimedFailures& u = Unclaimed();
+  std::lock_guard lock(u.mu);
+  auto it = u.first.find(&s);
+  if (it == u.first.end()) return CL_SUCCESS;
+  cl_int code = it->second;
+  u.first.erase(it);
+  return code;
 }
 
 // ---- entry points ----------------------------------------------------------------------------

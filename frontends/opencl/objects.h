@@ -442,8 +442,11 @@ bool CurrentOn(cl_command_queue q, cl_mem mem);
 client::CopyEnd CurrentSource(cl_mem mem, uint64_t lo, uint64_t hi);
 // clWaitForEvents without the argument checks.
 cl_int WaitEvents(const std::vector<cl_event>& events);
-// Routes the server's deferred errors: to the event they signal, else to the log.
+// Routes the server's deferred errors: to the event they signal, else to the log, and a
+// command's that wrote device memory also to the next clFinish of that server.
 void RouteAsyncErrors(client::Session& s);
+// That failure (CL_OUT_OF_RESOURCES, NVIDIA's code for a failed kernel), once, or CL_SUCCESS.
+cl_int TakeUnclaimedFailure(const client::Session& s);
 // Runs fn on the front end's callback thread, in submission order.
 void RunCallback(std::function<void()> fn);
 

@@ -551,6 +551,37 @@ TEST_F(Tandem, NDRangeWithOffsetAndChecks) {
   clReleaseProgram(p);
 }
 
+// A kernel that fails on the server with no event asked for (local memory beyond the device's:
+// the server refuses the launch): the next clFinish says so, once; the queue goes on.
+TEST_F(Tandem, FailureWithoutAnEventIsReportedByTheNextFinish) {
+  cl_program p = Build(kSource);
+  cl_kernel k = Kernel(p, "group_sum");
+  std::vector<int> in(64, 1);
+  cl_mem bin = Buffer(CL_MEM_COPY_HOST_PTR, in.size() * sizeof(int), in.data());
+  cl_mem bout = Buffer(CL_MEM_READ_WRITE, 4 * sizeof(int));
+  ASSERT_EQ(clSetKernelArg(k, 0, sizeof bin, &bin), CL_SUCCESS);
+  ASSERT_EQ(clSetKernelArg(k, 1, sizeof bout, &bout), CL_SUCCESS);
+  cl_ulong device_local = 0;
+  ASSERT_EQ(clGetDeviceInfo(device_, CL_DEVICE_LOCAL_MEM_SIZE, sizeof device_local, &device_local, nullptr), CL_SUCCESS);
+  ASSERT_EQ(clSetKernelArg(k, 2, device_local * 64, nullptr), CL_SUCCESS);
+  size_t global = 64, local = 16;
+  ASSERT_EQ(clEnqueueNDRangeKernel(queue_, k, 1, nullptr, &global, &local, 0, nullptr, nullptr), CL_SUCCESS);
+  EXPECT_EQ(clFinish(queue_), CL_OUT_OF_RESOURCES);
+  EXPECT_EQ(clFinish(queue_), CL_SUCCESS);  // reported once
+  // The same kernel within bounds runs, and finishes clean.
+  ASSERT_EQ(clSetKernelArg(k, 2, local * sizeof(int), nullptr), CL_SUCCESS);
+  ASSERT_EQ(clEnqueueNDRangeKernel(queue_, k, 1, nullptr, &global, &local, 0, nullptr, nullptr), CL_SUCCESS);
+  EXPECT_EQ(clFinish(queue_), CL_SUCCESS);
+  std::vector<int> sums(4);
+  ASSERT_EQ(clEnqueueReadBuffer(queue_, bout, CL_TRUE, 0, sums.size() * sizeof(int), sums.data(), 0, nullptr, nullptr),
+            CL_SUCCESS);
+  EXPECT_EQ(sums, (std::vector<int>{16, 16, 16, 16}));
+  clReleaseMemObject(bin);
+  clReleaseMemObject(bout);
+  clReleaseKernel(k);
+  clReleaseProgram(p);
+}
+
 // A sub-buffer that starts inside its buffer, as a kernel argument, on an in-order and an
 // out-of-order queue: only its range changes.
 TEST_F(Tandem, SubBufferKernelArguments) {
