@@ -260,6 +260,12 @@ TEST_F(CudaBackendTest, DeviceInfo) {
   ASSERT_OK(b_->OnMemInfo({0}, &mem));
   EXPECT_GT(mem.total, 0u);
   EXPECT_LE(mem.free, mem.total);
+  // The context's stream priorities: 0 is the least, greater ones are negative.
+  ir::PriorityRangeRep prio{1, 1};
+  ASSERT_OK(b_->OnPriorityRange({0}, &prio));
+  EXPECT_EQ(prio.least, 0);
+  EXPECT_LT(prio.greatest, 0);
+  EXPECT_EQ(b_->OnPriorityRange({b_->device_count()}, &prio).code(), Code::kInvalidArgument);
 }
 
 TEST_F(CudaBackendTest, AddressReserveAtClientBase) {

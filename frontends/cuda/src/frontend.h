@@ -100,6 +100,8 @@ struct DeviceContext {
   std::map<const Symbol*, std::pair<uint64_t, uint64_t>> globals;  // -> (address, size)
   cudaError_t sticky = cudaSuccess;
   unsigned flags = 0;             // cudaSetDeviceFlags
+  // The stream priorities of the device's context (least, greatest), asked of the server once.
+  std::optional<std::pair<int, int>> priorities;
   // Events of other servers that a stream of this device waits on (cudaStreamWaitEvent), by
   // stream handle (0: the default stream): a copy from such a server on that stream reads its
   // source only after them, since the stream's own order cannot reach that server.

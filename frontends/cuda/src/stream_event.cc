@@ -173,12 +173,52 @@ using namespace tandem::cuda;
 
 // ---- streams ---------------------------------------------------------------------------
 
+namespace {
+
+// The device's stream priority range (least, greatest), asked of its server once; f.mu is let
+// go for the round trip.
+cudaError_t PriorityRange(std::unique_lock<std::mutex>& lock, DeviceContext* d, int* least, int* greatest) {
+  if (!d->priorities) {
+    client::Session& s = d->session();
+    const uint64_t device = d->remote();
+    lock.unlock();
+    auto rep = s.Call(ir::PriorityRangeReq{.device = device});
+    lock.lock();
+    if (!rep.ok()) return ToCuda(rep.status());
+    d->priorities.emplace(rep->least, rep->greatest);
+  }
+  *least = d->priorities->first;
+  *greatest = d->priorities->second;
+  return cudaSuccess;
+}
+
+}  // namespace
+
+TANDEM_API cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
+  Frontend& f = Frontend::Get();
+  std::unique_lock<std::mutex> lock(f.mu);
+  DeviceContext* d = nullptr;
+  TANDEM_RETURN_CUDA_IF_ERROR(Return(f.Current(&d)));
+  int l = 0, g = 0;
+  TANDEM_RETURN_CUDA_IF_ERROR(Return(PriorityRange(lock, d, &l, &g)));
+  if (least) *least = l;
+  if (greatest) *greatest = g;
+  return cudaSuccess;
+}
+
+// A priority outside the device's range is clamped to it, as CUDA does (cudaStreamGetPriority
+// then answers the clamped value); 0, the least priority, needs no range.
 TANDEM_API cudaError_t cudaStreamCreateWithPriority(cudaStream_t* stream, unsigned int flags, int priority) {
   if (!stream || (flags & ~cudaStreamNonBlocking)) return Return(cudaErrorInvalidValue);
   Frontend& f = Frontend::Get();
-  std::lock_guard<std::mutex> lock(f.mu);
+  std::unique_lock<std::mutex> lock(f.mu);
   DeviceContext* d = nullptr;
   TANDEM_RETURN_CUDA_IF_ERROR(Return(f.Current(&d)));
+  if (priority != 0) {
+    int least = 0, greatest = 0;
+    TANDEM_RETURN_CUDA_IF_ERROR(Return(PriorityRange(lock, d, &least, &greatest)));
+    priority = std::clamp(priority, greatest, least);
+  }
   auto s = std::make_unique<Stream>();
   s->handle = client::Runtime::Get().NewHandle();
   s->device = d->index;

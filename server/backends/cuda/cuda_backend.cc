@@ -215,6 +215,19 @@ Status CudaBackend::OnDeviceSync(const ir::DeviceSyncReq& req, ir::DeviceSyncRep
   return Check(device, drv_->cuCtxSynchronize(), "cuCtxSynchronize");
 }
 
+// Asked of the device's context (made on first use), as cudaDeviceGetStreamPriorityRange does.
+Status CudaBackend::OnPriorityRange(const ir::PriorityRangeReq& req, ir::PriorityRangeRep* rep) {
+  TANDEM_RETURN_IF_ERROR(CheckDevice(req.device));
+  const auto device = static_cast<uint32_t>(req.device);
+  TANDEM_RETURN_IF_ERROR(Enter(device));
+  int least = 0, greatest = 0;
+  TANDEM_RETURN_IF_ERROR(
+      Check(device, drv_->cuCtxGetStreamPriorityRange(&least, &greatest), "cuCtxGetStreamPriorityRange"));
+  rep->least = least;
+  rep->greatest = greatest;
+  return Status::Ok();
+}
+
 Status CudaBackend::OnMemInfo(const ir::MemInfoReq& req, ir::MemInfoRep* rep) {
   TANDEM_RETURN_IF_ERROR(CheckDevice(req.device));
   const auto device = static_cast<uint32_t>(req.device);

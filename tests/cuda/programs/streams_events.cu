@@ -24,6 +24,18 @@ int main() {
   int p = 0;
   CHECK(cudaStreamGetPriority(prio, &p));
   printf("stream priority read back: %d\n", p);
+  // The device's range, and priorities beyond it clamped to it (both ends).
+  int least = 1, greatest = 1;
+  CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  CHECK(cudaDeviceGetStreamPriorityRange(nullptr, &p));
+  printf("stream priority range: least %d, greatest %d (greatest alone: %d)\n", least, greatest, p);
+  for (int asked : {-1000, 1000, greatest}) {
+    cudaStream_t c;
+    CHECK(cudaStreamCreateWithPriority(&c, cudaStreamDefault, asked));
+    CHECK(cudaStreamGetPriority(c, &p));
+    printf("priority %d asked, %d read back\n", asked, p);
+    CHECK(cudaStreamDestroy(c));
+  }
 
   std::vector<int*> host(streams), dev(streams);
   cudaEvent_t done[streams];
