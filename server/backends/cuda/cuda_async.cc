@@ -243,10 +243,16 @@ Result<CudaBackend::PeerStart> CudaBackend::StartPeer(uint64_t stream, uint64_t 
   return PeerStart{span->address, q.value(), std::move(host).value()};
 }
 
+
+// Out of the pool for the process's life, from any thread (a failed restore's release runs on
+// whichever thread saw the transfer end): a driver failure path only.
 void CudaBackend::Keep(uint32_t device, std::shared_ptr<HostBuffer> host) {
   log::Warn("device {}: a pinned staging block of {} bytes is kept out of use (a copy may still use it)", device,
             host->size());
-  kept_.push_back(std::move(host));
+  static std::mutex mu;
+  static auto* kept = new std::vector<std::shared_ptr<HostBuffer>>;
+  std::lock_guard<std::mutex> lock(mu);
+  kept->push_back(std::move(host));
 }
 
 Status CudaBackend::ReadToHost(uint64_t stream, uint64_t buffer, uint64_t offset, uint64_t size, const ir::u64s& wait,
@@ -271,15 +277,6 @@ Status CudaBackend::ReadToHost(uint64_t stream, uint64_t buffer, uint64_t offset
 }
 
 namespace {
-
-// Pinned blocks a failed restore may still be writing into, from any thread: out of the pool
-// for the process's life (a driver failure path only).
-void KeepForever(std::shared_ptr<HostBuffer> block) {
-  static std::mutex mu;
-  static auto* kept = new std::vector<std::shared_ptr<HostBuffer>>;
-  std::lock_guard<std::mutex> lock(mu);
-  kept->push_back(std::move(block));
-}
 
 void CUDA_CB SetFlag(CUstream, CUresult, void* flag) {
   __atomic_store_n(static_cast<uint32_t*>(flag), 1u, __ATOMIC_RELEASE);
@@ -343,7 +340,7 @@ Result<PendingWrite> CudaBackend::WriteFromHost(uint64_t stream, uint64_t buffer
                   device, drv->Check(r, "restore").message(), size);
         SetFlag(nullptr, CUDA_SUCCESS, flag);
         // A copy may still write into the block when the write has read it: never reused.
-        if (copying) KeepForever(staging);
+        if (copying) Keep(device, staging);
       }
       if (restore) drv->cuStreamDestroy(restore);  // returns at once; its work still runs
     } else {

@@ -42,6 +42,7 @@ class CudaBackend final : public Backend {
   Status OnDeviceInfo(const ir::DeviceInfoReq&, ir::DeviceInfoRep*) override;
   Status OnDeviceSync(const ir::DeviceSyncReq&, ir::DeviceSyncRep*) override;
   Status OnMemInfo(const ir::MemInfoReq&, ir::MemInfoRep*) override;
+  Status OnPriorityRange(const ir::PriorityRangeReq&, ir::PriorityRangeRep*) override;
   Status OnWarm(const ir::WarmReq&, ir::WarmRep*) override;
   Status OnDeviceReset(const ir::DeviceResetReq&, ir::DeviceResetRep*) override;
   // Memory (cuda_memory.cc, cuda_transfer.cc)
@@ -113,7 +114,6 @@ class CudaBackend final : public Backend {
     // event and then runs a host callback, created on first use.
     CUstream notify_stream = nullptr;
   };
-  std::vector<std::shared_ptr<HostBuffer>> kept_;  // Keep's: never reused
   struct Reservation {
     uint32_t device;
     uint64_t size;
@@ -199,13 +199,13 @@ class CudaBackend final : public Backend {
   // cuda_events.cc: streams and the wait/signal fields of every enqueue.
   Result<Queue> ResolveStream(uint64_t stream, uint32_t device_of_default);
   Status WaitEvents(const Queue& q, const std::vector<uint64_t>& wait);
-  // Whether the command may signal `signal` on q (0: nothing to signal): an event of this
-  // session on q's device, not a user event. Asked before anything is enqueued, so that a
-  // command that fails for its signal has done nothing.
-  Status CheckSignal(const Queue& q, uint64_t signal);
+  // Whether the command may signal `signal` on q (0: nothing to signal, answered nullptr): an
+  // event of this session on q's device, not a user event; its CUevent. Asked before anything
+  // is enqueued, so that a command that fails for its signal has done nothing.
+  Result<CUevent> CheckSignal(const Queue& q, uint64_t signal);
   // The wait list enqueued on q, once the signal is known good.
   Status WaitEvents(const Queue& q, const std::vector<uint64_t>& wait, uint64_t signal) {
-    TANDEM_RETURN_IF_ERROR(CheckSignal(q, signal));
+    TANDEM_RETURN_IF_ERROR(CheckSignal(q, signal).status());
     return WaitEvents(q, wait);
   }
   Status Signal(const Queue& q, uint64_t signal);
@@ -231,7 +231,7 @@ class CudaBackend final : public Backend {
   // After a failure that leaves a copy touching `host` enqueued on q: the block is kept for
   // good rather than handed out under a live copy (q may be held by a user event for as long as
   // the program likes: the executor does not wait for it). A driver failure path only.
-  void Keep(uint32_t device, std::shared_ptr<HostBuffer> host);
+  static void Keep(uint32_t device, std::shared_ptr<HostBuffer> host);
   // Host memory of at least n bytes from the pinned pool, pinned under the device's context.
   Result<std::shared_ptr<HostBuffer>> Pinned(uint32_t device, size_t n);
   Status Pin(uint32_t device, uint8_t* p, size_t n);

@@ -71,8 +71,8 @@ Status CudaBackend::WaitEvents(const Queue& q, const std::vector<uint64_t>& wait
   return Status::Ok();
 }
 
-Status CudaBackend::CheckSignal(const Queue& q, uint64_t signal) {
-  if (signal == 0) return Status::Ok();
+Result<CUevent> CudaBackend::CheckSignal(const Queue& q, uint64_t signal) {
+  if (signal == 0) return CUevent{nullptr};
   auto it = events_.find(signal);
   if (it == events_.end()) {
     if (IsUserEvent(signal))
@@ -82,14 +82,15 @@ Status CudaBackend::CheckSignal(const Queue& q, uint64_t signal) {
   if (it->second.device != q.device)
     return Status::Invalid(fmt::format("event {} belongs to device {}, the command runs on device {}", signal,
                                        it->second.device, q.device));
-  return Status::Ok();
+  return it->second.event;
 }
 
 Status CudaBackend::Signal(const Queue& q, uint64_t signal) {
-  TANDEM_RETURN_IF_ERROR(CheckSignal(q, signal));
+  auto event = CheckSignal(q, signal);
+  if (!event.ok()) return event.status();
   if (signal == 0) return Status::Ok();
   // Recording an event again moves it to this point, as cudaEventRecord does.
-  return Check(q.device, drv_->cuEventRecord(events_.find(signal)->second.event, q.stream), "cuEventRecord");
+  return Check(q.device, drv_->cuEventRecord(event.value(), q.stream), "cuEventRecord");
 }
 
 Result<uint32_t*> CudaBackend::NewUserFlag(uint32_t device) {
