@@ -194,7 +194,7 @@ cl_int Flush(cl_command_queue q) {
 }
 
 // Waits for the stream, then for reads whose data is still on its way to host memory; answers
-// a failure of the server's that no event carried (RouteAsyncErrors).
+// a failure of the queue's that no event carried (RouteAsyncErrors).
 cl_int Finish(cl_command_queue q) {
   if (!Valid(q)) return CL_INVALID_COMMAND_QUEUE;
   Held<_cl_command_queue> hold(q);
@@ -202,7 +202,7 @@ cl_int Finish(cl_command_queue q) {
   if (!r.ok()) return ToCl(r.status(), "clFinish");
   std::unique_lock lock(q->mu);
   q->cv.wait(lock, [&] { return q->host_open.empty(); });
-  return TakeUnclaimedFailure(q->session());
+  return TakeUnclaimedFailure(q);
 }
 
 }  // namespace tandem::ocl
@@ -216,6 +216,7 @@ bool _cl_context::Has(cl_device_id d) const {
 }
 
 _cl_command_queue::~_cl_command_queue() {
+  ForgetUnclaimedFailure(stream);
   session().Post(tandem::ir::StreamDestroyReq{stream});
   context->Unhold();
 }

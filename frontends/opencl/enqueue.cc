@@ -72,8 +72,10 @@ bool WholeRoot(cl_mem mem, size_t offset, size_t size) {
 // writing use changes [offset, offset+size) of `mem` (all of it by default: a kernel's).
 cl_int Acquire(Command& cmd, cl_mem mem, BufferUse use, uint64_t* handle, size_t offset = 0,
                size_t size = SIZE_MAX) {
-  if (use != BufferUse::kRead && !cmd.event && SpansServers(cmd.q->context))
+  if (use != BufferUse::kRead && !cmd.event && SpansServers(cmd.q->context)) {
     cmd.event = NewEvent(cmd.q->context, cmd.q, cmd.type, cmd.completion);
+    cmd.event->internal = true;
+  }
   const size_t at = std::min(offset, mem->size);
   const uint64_t lo = mem->origin + at;
   return AcquireBuffer(cmd.q, mem, use, handle, &cmd.wait, cmd.foreign, cmd.event, lo,
@@ -126,6 +128,7 @@ cl_int Read(Command& cmd, cl_mem mem, bool blocking, size_t offset, size_t size,
     RouteAsyncErrors(s);
     if (st.ok() && then) then();
     op->Complete(st, call);
+    if (st.ok()) return TakeUnclaimedFailure(cmd.q);
     return ToCl(st, call, CL_INVALID_MEM_OBJECT);
   }
   std::string name(call);

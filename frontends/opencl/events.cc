@@ -6,6 +6,7 @@
 #include <chrono>
 #include <deque>
 #include <map>
+#include <unordered_set>
 #include <thread>
 
 #include "objects.h"
@@ -23,11 +24,11 @@ HandleMap& Handles() {
   return *m;
 }
 
-// Per server session: the first failure of a command that changes device memory and had no
-// event to carry it, until a clFinish on one of that server's queues reports it.
+// The streams (queues) with a failure of a command that changed device memory and had no
+// event of the program's to carry it, until the queue's next clFinish or blocking read.
 struct UnclaimedFailures {
   std::mutex mu;
-  std::unordered_map<const client::Session*, cl_int> first;
+  std::unordered_set<uint64_t> streams;
 };
 UnclaimedFailures& Unclaimed() {
   static UnclaimedFailures* u = new UnclaimedFailures;
@@ -292,36 +293,43 @@ void RouteAsyncErrors(client::Session& s) {
   for (const ir::AsyncError& err : s.TakeAsyncErrors()) {
     Status st(static_cast<Code>(err.code), err.message, err.native, static_cast<Api>(err.api));
     std::string_view command = ir::CommandName(static_cast<uint16_t>(err.opcode));
+    bool told = false;  // an event of the program's carries it
     if (err.signal) {
       if (Held<_cl_event> e = FindEvent(err.signal)) {
         cl_int code = ToCl(st, command, CL_INVALID_EVENT);
         SetEventStatus(e.get(), code < 0 ? code : CL_OUT_OF_RESOURCES);
-        continue;
+        told = !e->internal;
       }
     }
-    // No event tells the program: a command that wrote device memory is reported by the next
-    // clFinish of that server (the device's contents are not what the program asked for);
-    // anything else (a release, a flush) only here.
+    if (told) continue;
+    // Nothing tells the program: a command that wrote device memory and failed itself (not
+    // for a failed event it waited on, which the program knows of, as PoCL and NVIDIA leave
+    // to the events) is reported by its queue's next clFinish or blocking read, since the
+    // device's contents are not what the program asked for; anything else (a release, a
+    // flush) only here.
     const ir::CommandInfo* info = ir::FindCommand(static_cast<uint16_t>(err.opcode));
-    const bool wrote = info && (info->flags & ir::kWritesDevice);
+    const bool waited = err.waited || (st.api() == Api::kOpenCL && st.native() == CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST);
+    const bool report = info && (info->flags & ir::kWritesDevice) && !waited && err.stream != 0;
     log::Error("OpenCL: asynchronous {} on {} failed: {}{}", command, s.server(), st.ToString(),
-               wrote ? " (reported by the next clFinish of that server's queues)" : "");
-    if (wrote) {
+               report ? " (reported by its queue's next clFinish or blocking read)" : "");
+    if (report) {
       UnclaimedFailures& u = Unclaimed();
       std::lock_guard lock(u.mu);
-      u.first.emplace(&s, CL_OUT_OF_RESOURCES);
+      u.streams.insert(err.stream);
     }
   }
 }
 
-cl_int TakeUnclaimedFailure(const client::Session& s) {
+cl_int TakeUnclaimedFailure(cl_command_queue q) {
   UnclaimedFailures& u = Unclaimed();
   std::lock_guard lock(u.mu);
-  auto it = u.first.find(&s);
-  if (it == u.first.end()) return CL_SUCCESS;
-  cl_int code = it->second;
-  u.first.erase(it);
-  return code;
+  return u.streams.erase(q->stream) ? CL_OUT_OF_RESOURCES : CL_SUCCESS;
+}
+
+void ForgetUnclaimedFailure(uint64_t stream) {
+  UnclaimedFailures& u = Unclaimed();
+  std::lock_guard lock(u.mu);
+  u.streams.erase(stream);
 }
 
 // ---- entry points ----------------------------------------------------------------------------

@@ -376,6 +376,7 @@ struct _cl_event : tandem::ocl::Object<_cl_event> {
   cl_command_type type = 0;
   uint64_t handle = 0;  // remote event (the `signal` of its command)
   bool bound = false;   // a posted command signals it, so the server knows the handle
+  bool internal = false;  // Tandem's own (a write in a context over several servers): the program has no handle
   Completion completion = Completion::kRemote;
 
   std::mutex mu;
@@ -443,10 +444,13 @@ client::CopyEnd CurrentSource(cl_mem mem, uint64_t lo, uint64_t hi);
 // clWaitForEvents without the argument checks.
 cl_int WaitEvents(const std::vector<cl_event>& events);
 // Routes the server's deferred errors: to the event they signal, else to the log, and a
-// command's that wrote device memory also to the next clFinish of that server.
+// failure of a command that wrote device memory with no event of the program's also to its
+// queue's next clFinish or blocking read (TakeUnclaimedFailure).
 void RouteAsyncErrors(client::Session& s);
-// That failure (CL_OUT_OF_RESOURCES, NVIDIA's code for a failed kernel), once, or CL_SUCCESS.
-cl_int TakeUnclaimedFailure(const client::Session& s);
+// That failure of q's (CL_OUT_OF_RESOURCES, NVIDIA's code for a failed kernel), once, or CL_SUCCESS.
+cl_int TakeUnclaimedFailure(cl_command_queue q);
+// Drops a released queue's.
+void ForgetUnclaimedFailure(uint64_t stream);
 // Runs fn on the front end's callback thread, in submission order.
 void RunCallback(std::function<void()> fn);
 

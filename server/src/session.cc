@@ -317,6 +317,7 @@ void Session::Run(const ir::Record& rec, ir::BatchWriter& out) {
   current_seq_ = rec.header.seq;
   auto rep = std::make_shared<typename Req::Reply>();
   const auto started = profile_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+  waited_failed_ = false;
   st = Execute(req, rep.get());
   if (profile_) profile_->Add(std::string(Req::kName), std::chrono::steady_clock::now() - started);
   if (log::TraceEnabled()) log::Trace("ran #{} {}: {}", rec.header.seq, Req::kName, st.ToString());
@@ -351,9 +352,10 @@ void Session::Run(const ir::Record& rec, ir::BatchWriter& out) {
   }
   if (want_reply) return Reply(rec, st, rep.get(), out);
   if (!st.ok()) {
-    uint64_t signal = 0;
+    uint64_t signal = 0, stream = 0;
     if constexpr (requires { req.signal; }) signal = req.signal;
-    Defer(rec, st, signal);
+    if constexpr (requires { req.stream; }) stream = req.stream;
+    Defer(rec, st, signal, stream, waited_failed_);
   }
 }
 
@@ -389,6 +391,7 @@ Status Session::Execute(const Req& req, typename Req::Reply* rep) {
   if constexpr (requires { req.wait; }) {
     if (Status st = FailedWait(req.wait); !st.ok()) {
       if constexpr (requires { req.signal; }) NoteSignal(req.signal, st);
+      waited_failed_ = true;
       return st;
     }
   }
@@ -582,11 +585,11 @@ Status Session::Call(const ir::PeerRecvReq& req, ir::PeerRecvRep*) {
     auto pending = backend_->WriteFromHost(req.stream, req.buffer, req.offset, req.size, req.wait, req.signal);
     if (pending.ok()) {
       auto release = pending->release;
-      auto arrived = [this, release, signal = req.signal, transfer = req.transfer,
+      auto arrived = [this, release, signal = req.signal, stream = req.stream, transfer = req.transfer,
                       since = std::chrono::steady_clock::now()](const Status& got) {
         if (profile_) profile_->Add("~PeerRecv bytes came", std::chrono::steady_clock::now() - since);
         log::Trace("s2s recv {:#x}: bytes came", transfer);
-        if (!got.ok()) NoteAsyncFailure(ir::Opcode::kPeerRecv, signal, got);  // before the write is let go
+        if (!got.ok()) NoteAsyncFailure(ir::Opcode::kPeerRecv, signal, stream, got);  // before the write is let go
         release(got);
       };
       Status st = peers_->Expect(req.peer, req.transfer, Counted(std::move(pending->staging), async_bytes_),
@@ -716,9 +719,9 @@ bool Session::TakeAsyncBytes(uint64_t size) {
   return true;
 }
 
-void Session::NoteAsyncFailure(ir::Opcode opcode, uint64_t signal, const Status& st) {
+void Session::NoteAsyncFailure(ir::Opcode opcode, uint64_t signal, uint64_t stream, const Status& st) {
   std::lock_guard<std::mutex> lock(async_mu_);
-  async_failures_.push_back(AsyncFailure{opcode, signal, st});
+  async_failures_.push_back(AsyncFailure{opcode, signal, stream, st});
 }
 
 void Session::TakeAsyncFailures() {
@@ -730,7 +733,7 @@ void Session::TakeAsyncFailures() {
   for (const AsyncFailure& f : failures) {
     ir::Record rec;
     rec.header.opcode = static_cast<uint16_t>(f.opcode);
-    Defer(rec, f.status, f.signal);
+    Defer(rec, f.status, f.signal, f.stream);
     NoteSignal(f.signal, f.status);
   }
 }
@@ -829,14 +832,14 @@ void Session::Reply(const ir::Record& rec, const Status& st, const Rep* rep, ir:
   out.AddReply(rec.header.opcode, rec.header.seq, st, TakeDeferred(), rep);
 }
 
-void Session::Defer(const ir::Record& rec, const Status& st, uint64_t signal) {
+void Session::Defer(const ir::Record& rec, const Status& st, uint64_t signal, uint64_t stream, bool waited) {
   log::Debug("deferred error of {} seq {}: {}", ir::CommandName(rec.header.opcode), rec.header.seq, st.ToString());
   if (deferred_.size() >= kMaxDeferred) {
     ++deferred_dropped_;
     return;
   }
   deferred_.push_back(ir::AsyncError{rec.header.seq, rec.header.opcode, static_cast<uint32_t>(st.code()), st.native(),
-                                     static_cast<uint32_t>(st.api()), signal, st.message()});
+                                     static_cast<uint32_t>(st.api()), signal, st.message(), stream, waited ? 1u : 0u});
 }
 
 std::vector<ir::AsyncError> Session::TakeDeferred() {
@@ -927,7 +930,7 @@ void Session::RunArrival(Arrival& a) {
     ir::Record rec;
     rec.header.opcode = static_cast<uint16_t>(ir::Opcode::kPeerRecv);
     rec.header.seq = a.seq;
-    Defer(rec, st, a.req.signal);
+    Defer(rec, st, a.req.signal, a.req.stream);
   }
 }
 

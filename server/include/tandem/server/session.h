@@ -231,7 +231,8 @@ class Session {
   void ReplyError(const ir::Record& rec, const Status& st, ir::BatchWriter& out);
   template <class Rep>
   void Reply(const ir::Record& rec, const Status& st, const Rep* rep, ir::BatchWriter& out);
-  void Defer(const ir::Record& rec, const Status& st, uint64_t signal);
+  // `waited`: the command failed because an event of its wait list had (FailedWait).
+  void Defer(const ir::Record& rec, const Status& st, uint64_t signal, uint64_t stream, bool waited = false);
   std::vector<ir::AsyncError> TakeDeferred();
   void NoteSignal(uint64_t signal, const Status& st);
   // An imported event's answer came (any thread): completes its stand-in, and queues it for
@@ -241,7 +242,7 @@ class Session {
   void DestroyFinishedImports();
   // A command that finished off the executor failed (any thread): reported with the next
   // reply, and its signal fails, once the executor takes it (TakeAsyncFailures).
-  void NoteAsyncFailure(ir::Opcode opcode, uint64_t signal, const Status& st);
+  void NoteAsyncFailure(ir::Opcode opcode, uint64_t signal, uint64_t stream, const Status& st);
   void TakeAsyncFailures();
   // Room for `size` more bytes of asynchronous copies (false: over the budget).
   bool TakeAsyncBytes(uint64_t size);
@@ -273,6 +274,7 @@ class Session {
   std::unordered_set<uint64_t> unanswered_;    // imported events whose server has not answered
   bool replaying_ = false;
   uint64_t current_seq_ = 0;  // the record being run
+  bool waited_failed_ = false;  // the record being run failed in FailedWait (Execute)
   // Bytes of inline read backs (replies that carry the data) taken on in the batch being run:
   // one request message must not make the worker hold, or one reply message carry, more than
   // kMaxInlineReplyBytes (a reply batch counts its bytes in 32 bits).
@@ -291,6 +293,7 @@ class Session {
   struct AsyncFailure {
     ir::Opcode opcode;
     uint64_t signal;
+    uint64_t stream;
     Status status;
   };
   std::mutex async_mu_;
