@@ -6,6 +6,8 @@
 # 8 and 256 B), Tandem's fabric layer (tandem_fabric_pingpong), and the synchronous round
 # trips of the benchmark's launch + synchronize targets (CUDA launch + cudaDeviceSynchronize,
 # OpenCL enqueue + clFinish), natively and through one tandemd, ROUNDS times alternating.
+# `tcp` and `net` are named as stacks here ("tcp;ofi_rxm" and "net"), whatever "tcp" means to
+# Tandem. Scratch files: /tmp/pn_* (one run at a time).
 # (The target of each: native + one round trip of the provider + 5 us.)
 #   FI_PINGPONG=... BUILD=... ROUNDS=3 bash bench/experiments/provider_net.sh
 set -u
@@ -23,16 +25,18 @@ native() { OCL_ICD_VENDORS=$vendors OCL_ICD_FILENAMES=$libs "$@"; }  # the GPU's
 mkdir -p "$POCL_CACHE_DIR"
 p50() { sed -n 's/.*p50 \([0-9.]*\) us.*/\1/p' | head -1; }
 
-for prov in tcp net; do
+for prov in "tcp;ofi_rxm" net; do
   echo "=== provider $prov"
   if [[ -n $FPP ]]; then
     for size in 8 256; do
       port=$(free_port)
       timeout 60 "$FPP" -p "$prov" -e rdm -I 20000 -S $size -B "$port" >/dev/null 2>&1 &
+      srv=$!
       sleep 0.5
       half=$(timeout 60 "$FPP" -p "$prov" -e rdm -I 20000 -S $size -P "$port" 127.0.0.1 2>&1 | awk 'NF >= 7 && $1 ~ /^[0-9]/ { v = $(NF - 1) } END { print v }')
-      wait
-      echo "fi_pingpong $size B round trip (mean): $(awk -v h="$half" 'BEGIN { printf "%.2f", 2 * h }') us"
+      wait $srv
+      if [[ -n $half ]]; then echo "fi_pingpong $size B round trip (mean): $(awk -v h="$half" 'BEGIN { printf "%.2f", 2 * h }') us"
+      else echo "fi_pingpong $size B: failed"; fi
     done
   fi
   timeout 120 "$B/fabric/tandem_fabric_pingpong" --provider "$prov" --iters 20000 --size 256 2>&1 | head -3
@@ -42,7 +46,8 @@ for prov in tcp net; do
     env TANDEM_FABRIC_PROVIDER=$prov OCL_ICD_VENDORS=$vendors OCL_ICD_FILENAMES=$libs setsid "$B/server/tandemd" --listen 127.0.0.1:$port --backend $api \
       >/tmp/pn-srv-$api-$prov.log 2>&1 &
     pid=$!
-    tandemd_listens "$pid" /tmp/pn-srv-$api-$prov.log || { echo "tandemd ($api, $prov) did not start"; tail -5 /tmp/pn-srv-$api-$prov.log; continue; }
+    tandemd_listens "$pid" /tmp/pn-srv-$api-$prov.log ||
+      { echo "tandemd ($api, $prov) did not start"; tail -5 /tmp/pn-srv-$api-$prov.log; stop_tandemd $pid; continue; }
     for r in $(seq "$ROUNDS"); do
       n=$(native $prog launch | p50)
       t=$(TANDEM_FABRIC_PROVIDER=$prov timeout 120 "$B/tools/tandem" run --servers 127.0.0.1:$port -- $prog launch 2>&1 | p50)

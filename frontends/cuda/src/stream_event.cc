@@ -185,7 +185,8 @@ cudaError_t PriorityRange(std::unique_lock<std::mutex>& lock, DeviceContext* d, 
     auto rep = s.Call(ir::PriorityRangeReq{.device = device});
     lock.lock();
     if (!rep.ok()) return ToCuda(rep.status());
-    d->priorities.emplace(rep->least, rep->greatest);
+    // Greater priorities are lower numbers; a reply that says otherwise is taken as no range.
+    d->priorities.emplace(rep->least, std::min(rep->greatest, rep->least));
   }
   *least = d->priorities->first;
   *greatest = d->priorities->second;

@@ -243,16 +243,18 @@ Result<CudaBackend::PeerStart> CudaBackend::StartPeer(uint64_t stream, uint64_t 
   return PeerStart{span->address, q.value(), std::move(host).value()};
 }
 
-
 // Out of the pool for the process's life, from any thread (a failed restore's release runs on
 // whichever thread saw the transfer end): a driver failure path only.
 void CudaBackend::Keep(uint32_t device, std::shared_ptr<HostBuffer> host) {
   log::Warn("device {}: a pinned staging block of {} bytes is kept out of use (a copy may still use it)", device,
             host->size());
-  static std::mutex mu;
-  static auto* kept = new std::vector<std::shared_ptr<HostBuffer>>;
-  std::lock_guard<std::mutex> lock(mu);
-  kept->push_back(std::move(host));
+  struct Kept {
+    std::mutex mu;
+    std::vector<std::shared_ptr<HostBuffer>> blocks;
+  };
+  static auto* kept = new Kept;  // never destroyed: a driver thread may still add at exit
+  std::lock_guard<std::mutex> lock(kept->mu);
+  kept->blocks.push_back(std::move(host));
 }
 
 Status CudaBackend::ReadToHost(uint64_t stream, uint64_t buffer, uint64_t offset, uint64_t size, const ir::u64s& wait,
