@@ -430,8 +430,12 @@ fi
 # rxm's inject size, as Tandem's batches are).
 FPP=${FI_PINGPONG:-$(command -v fi_pingpong || true)}
 raw_pingpong() {  # raw_pingpong PROVIDER KEY
-  local prov=$1 r size port srv half name
-  [[ $prov == tcp* ]] && prov=tcp  # with -e rdm, libfabric 1.17 layers rxm over it
+  local prov=$1 r size port srv half name stack
+  # The stack Tandem's layer got (tandem_fabric_pingpong's first line): "tcp" is `net` on
+  # libfabric 1.17 where it is offered, else tcp;ofi_rxm, which fi_pingpong -p tcp -e rdm gets.
+  stack=$(sed -n '1s/^provider \([^ ]*\) (libfabric.*/\1/p' "$OUT/fabric-$2.txt" 2>/dev/null)
+  [[ -n $stack ]] && prov=$stack
+  [[ $prov == tcp* ]] && prov=tcp
   for ((r = 1; r <= ROUNDS; ++r)); do
     name=fabric-raw-$2; ((r > 1)) && name+=.r$r
     : >"$OUT/$name.txt"

@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "rdm_endpoint.h"
 #include "tandem/log.h"
@@ -87,6 +89,17 @@ fi_info* MakeHints(const std::string& provider) {
   return hints;
 }
 
+// The stacks to ask for, in order. "tcp" is libfabric's TCP transport at its best: its native
+// RDM protocol, which 1.17 calls `net` (from 1.18 on it is `tcp` itself and rxm is no longer
+// layered over tcp), round-trips about 6 us faster than tcp;ofi_rxm (H100 VM, through this
+// layer: 12.2 against 18.0 us; a CUDA launch + synchronize 31.9 against 40.4 us), so on 1.17
+// "tcp" tries `net` first and falls back to tcp;ofi_rxm where `net` is not offered (FI_PROVIDER
+// filters it out). "tcp;ofi_rxm" asks for that stack alone.
+std::vector<std::string> ProviderStacks(const std::string& provider) {
+  if (provider == "tcp" && fi_version() < FI_VERSION(1, 18)) return {"net", "tcp"};
+  return {provider};
+}
+
 std::string LibfabricVersion() {
   uint32_t v = fi_version();
   return std::to_string(FI_MAJOR(v)) + "." + std::to_string(FI_MINOR(v));
@@ -128,11 +141,17 @@ Status RdmEndpoint::OpenAt(const Options& options, const std::string& host, cons
   send_timeout_ = options.send_timeout;
   h_ = std::make_shared<Handles>();
 
-  fi_info* hints = MakeHints(provider);
-  // A listener binds explicitly (the first result is often eth0, not the address asked for).
-  int r = fi_getinfo(FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION), listening_ ? host.c_str() : nullptr,
-                     listening_ ? service.c_str() : nullptr, listening_ ? FI_SOURCE : 0, hints, &h_->info);
-  fi_freeinfo(hints);
+  int r = -FI_ENODATA;
+  for (const std::string& stack : ProviderStacks(provider)) {
+    fi_info* hints = MakeHints(stack);
+    // A listener binds explicitly (the first result is often eth0, not the address asked for).
+    r = fi_getinfo(FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION), listening_ ? host.c_str() : nullptr,
+                   listening_ ? service.c_str() : nullptr, listening_ ? FI_SOURCE : 0, hints, &h_->info);
+    fi_freeinfo(hints);
+    if (r == 0) break;
+    log::Debug("fabric: no RDM endpoint from '{}' ({}){}", stack, fi_strerror(-r),
+               stack == "net" ? "; trying tcp;ofi_rxm" : "");
+  }
   if (r != 0) {
     return FiError(Code::kUnimplemented,
                    "fabric: no RDM endpoint from provider '" + provider + "'" +

@@ -29,7 +29,8 @@ using Micros = std::chrono::microseconds;  // Next() takes it: a waiting caller 
 
 struct Options {
   // Provider name ("tcp", "verbs", "shm", "net", ...). Empty: TANDEM_FABRIC_PROVIDER, then
-  // FI_PROVIDER, then "tcp". For tcp on libfabric 1.17 the RDM stack is "tcp;ofi_rxm".
+  // FI_PROVIDER, then "tcp". "tcp" on libfabric 1.17 is the native TCP RDM "net" where it is
+  // offered, else "tcp;ofi_rxm" (which may also be named).
   std::string provider;
   // "host:port" to listen on; port 0 picks a free one. Empty: a client endpoint bound to an
   // ephemeral port of any local address.
