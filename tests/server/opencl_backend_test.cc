@@ -707,6 +707,43 @@ TEST_F(OpenCLBackendTest, EventsUserEventsAndProfiling) {
   EXPECT_TRUE(be_->OnStreamDestroy({40}, &sdrep).ok());
 }
 
+// EventTimes of a command still running waits for it rather than answering
+// CL_PROFILING_INFO_NOT_AVAILABLE (NVIDIA's answer, now and then, for an event whose
+// completion the driver has not noted yet although its bytes had landed).
+TEST_F(OpenCLBackendTest, EventTimesOfACommandNotNotedDoneWaitsForIt) {
+  ir::StreamCreateRep srep;
+  ASSERT_TRUE(be_->OnStreamCreate({60, 0, ir::kStreamProfiling, 0}, &srep).ok());
+  ir::EventCreateRep erep;
+  ASSERT_TRUE(be_->OnEventCreate({61, 0, 0}, &erep).ok());
+  ASSERT_EQ(Build(62, "__kernel void spin(__global int* x, int n) {"
+                      "  int v = x[0]; for (int i = 0; i < n; ++i) v = v * 1103515245 + 12345; x[0] = v; }")
+                .status,
+            CL_SUCCESS);
+  ir::FunctionGetRep frep;
+  ASSERT_TRUE(be_->OnFunctionGet({63, 62, "spin"}, &frep).ok());
+  Alloc(64, 4);
+  ir::LaunchReq l;
+  l.stream = 60;
+  l.function = 63;
+  l.dims = 1;
+  l.grid = {1};
+  l.args = {{static_cast<uint32_t>(ir::ArgKind::kBuffer), 64, {}},
+            {static_cast<uint32_t>(ir::ArgKind::kBytes), 0, ValueBytes(int32_t{200000000})}};
+  l.signal = 61;
+  ir::LaunchRep lrep;
+  ASSERT_TRUE(be_->OnLaunch(l, &lrep).ok());
+  ir::StreamFlushRep frep2;
+  ASSERT_TRUE(be_->OnStreamFlush({60}, &frep2).ok());
+  ir::EventTimesRep t;
+  Status st = be_->OnEventTimes({61}, &t);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_LE(t.start, t.end);
+  EXPECT_GT(t.end, 0u);
+  ir::EventQueryRep q;
+  ASSERT_TRUE(be_->OnEventQuery({61}, &q).ok());
+  EXPECT_EQ(q.status, CL_COMPLETE);
+}
+
 TEST_F(OpenCLBackendTest, ValidationErrors) {
   Alloc(1, 100);
   ir::BufferAllocRep arep;
