@@ -82,11 +82,19 @@ Result<PeerId> RdmEndpoint::Connect(const std::string& host_port, Millis timeout
   Conn* c = FindConn(id);
   if (st.ok()) cv_.wait_until(lock, deadline, [&] { return c->state != Conn::State::kConnecting; });
   if (st.ok() && c->state == Conn::State::kUp) return id;
-  if (!st.ok()) st = Status(st.code() == Code::kTimeout ? Code::kTimeout : Code::kLinkLost,
-                            "fabric: connect to " + host_port + ": " + st.message());
-  else if (c->state == Conn::State::kFailed) st = c->failure;
-  else st = Status(Code::kTimeout, "fabric: no answer from " + host_port + " within " + Ms(timeout) +
-                   " (nothing listening there, or unreachable)");
+  // Two provider stacks (net and tcp;ofi_rxm) never reach the handshake that would say so.
+  const std::string other_stack =
+      "a server on another provider stack than this " + provider_ + " cannot answer either";
+  if (!st.ok()) {
+    const bool timed_out = st.code() == Code::kTimeout;
+    st = Status(timed_out ? Code::kTimeout : Code::kLinkLost, "fabric: connect to " + host_port + ": " +
+                                                                  st.message() + (timed_out ? " (" + other_stack + ")" : ""));
+  } else if (c->state == Conn::State::kFailed) {
+    st = c->failure;
+  } else {
+    st = Status(Code::kTimeout, "fabric: no answer from " + host_port + " within " + Ms(timeout) +
+                                    " (nothing listening there, or unreachable; " + other_stack + ")");
+  }
   RemoveConn(id);
   return st;
 }

@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -149,8 +150,12 @@ Status RdmEndpoint::OpenAt(const Options& options, const std::string& host, cons
                    listening_ ? service.c_str() : nullptr, listening_ ? FI_SOURCE : 0, hints, &h_->info);
     fi_freeinfo(hints);
     if (r == 0) break;
-    log::Debug("fabric: no RDM endpoint from '{}' ({}){}", stack, fi_strerror(-r),
-               stack == "net" ? "; trying tcp;ofi_rxm" : "");
+    // A warning: a peer that got net cannot talk to this one (its connects time out).
+    if (stack == "net")
+      log::Warn("fabric: libfabric offers no 'net' here ({}{}): \"tcp\" falls back to tcp;ofi_rxm, which peers on "
+                "net cannot reach", fi_strerror(-r), std::getenv("FI_PROVIDER") ? ", FI_PROVIDER is set" : "");
+    else
+      log::Debug("fabric: no RDM endpoint from '{}' ({})", stack, fi_strerror(-r));
   }
   if (r != 0) {
     return FiError(Code::kUnimplemented,

@@ -222,6 +222,7 @@ cl_int AcquireBuffer(cl_command_queue q, cl_mem mem, BufferUse use, uint64_t* ha
     for (uint64_t h : HandlesOn(foreign, from.session)) from.wait.push_back(h);
     client::CopyEnd to{.session = here, .stream = q->stream, .buffer = mine->handle, .offset = 0};
     cl_event filled = NewEvent(q->context, q, CL_COMMAND_MIGRATE_MEM_OBJECTS, _cl_event::Completion::kRemote);
+    filled->internal = true;  // the program never sees it: a failed move is its queue's to report
     Status st = client::CopyBetweenServers(from, to, root->size, filled->handle);
     filled->bound = st.ok();
     if (st.ok()) RecordWrite(root, *mine, 0, root->size, filled);

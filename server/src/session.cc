@@ -396,6 +396,7 @@ Status Session::Execute(const Req& req, typename Req::Reply* rep) {
     }
   }
   Status st = Call(req, rep);
+  waited_failed_ = false;  // held commands a Call replays meanwhile run through here too
   if constexpr (requires { req.signal; }) NoteSignal(req.signal, st);
   return st;
 }
@@ -915,7 +916,8 @@ Status Session::HoldImport(const ir::EventImportReq& req) {
 
 void Session::RunArrival(Arrival& a) {
   Status st = a.status;
-  if (st.ok()) st = FailedWait(a.req.wait);
+  bool waited = false;
+  if (st.ok()) waited = !(st = FailedWait(a.req.wait)).ok();
   // The backend keeps the bytes (and so their place in the budget) until it has read them.
   if (st.ok()) st = backend_->WriteHostBytes(a.req.stream, a.req.buffer, a.req.offset, a.req.wait, a.req.signal,
                                              std::move(a.bytes));
@@ -930,7 +932,7 @@ void Session::RunArrival(Arrival& a) {
     ir::Record rec;
     rec.header.opcode = static_cast<uint16_t>(ir::Opcode::kPeerRecv);
     rec.header.seq = a.seq;
-    Defer(rec, st, a.req.signal, a.req.stream);
+    Defer(rec, st, a.req.signal, a.req.stream, waited);
   }
 }
 
