@@ -71,6 +71,7 @@ cl_command_queue MakeQueue(cl_context context, cl_device_id device, cl_command_q
   q->props = props;
   q->prop_array = std::move(prop_array);
   q->stream = client::Runtime::Get().NewHandle();
+  NoteQueueStream(q->stream);
   uint32_t flags = 0;
   if (props & CL_QUEUE_PROFILING_ENABLE) flags |= ir::kStreamProfiling;
   if (props & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE) flags |= ir::kStreamOutOfOrder;
@@ -216,7 +217,7 @@ bool _cl_context::Has(cl_device_id d) const {
 }
 
 _cl_command_queue::~_cl_command_queue() {
-  ForgetUnclaimedFailure(stream);
+  ForgetQueueStream(stream);
   session().Post(tandem::ir::StreamDestroyReq{stream});
   context->Unhold();
 }

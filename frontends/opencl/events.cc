@@ -28,7 +28,8 @@ HandleMap& Handles() {
 // event of the program's to carry it, until the queue's next clFinish or blocking read.
 struct UnclaimedFailures {
   std::mutex mu;
-  std::unordered_set<uint64_t> streams;
+  std::unordered_set<uint64_t> live;     // the streams of queues not yet released
+  std::unordered_set<uint64_t> streams;  // those with a failure to report
 };
 UnclaimedFailures& Unclaimed() {
   static UnclaimedFailures* u = new UnclaimedFailures;
@@ -315,7 +316,7 @@ void RouteAsyncErrors(client::Session& s) {
     if (report) {
       UnclaimedFailures& u = Unclaimed();
       std::lock_guard lock(u.mu);
-      u.streams.insert(err.stream);
+      if (u.live.contains(err.stream)) u.streams.insert(err.stream);  // a released queue's is only logged
     }
   }
 }
@@ -326,9 +327,16 @@ cl_int TakeUnclaimedFailure(cl_command_queue q) {
   return u.streams.erase(q->stream) ? CL_OUT_OF_RESOURCES : CL_SUCCESS;
 }
 
-void ForgetUnclaimedFailure(uint64_t stream) {
+void NoteQueueStream(uint64_t stream) {
   UnclaimedFailures& u = Unclaimed();
   std::lock_guard lock(u.mu);
+  u.live.insert(stream);
+}
+
+void ForgetQueueStream(uint64_t stream) {
+  UnclaimedFailures& u = Unclaimed();
+  std::lock_guard lock(u.mu);
+  u.live.erase(stream);
   u.streams.erase(stream);
 }
 

@@ -449,8 +449,9 @@ cl_int WaitEvents(const std::vector<cl_event>& events);
 void RouteAsyncErrors(client::Session& s);
 // That failure of q's (CL_OUT_OF_RESOURCES, NVIDIA's code for a failed kernel), once, or CL_SUCCESS.
 cl_int TakeUnclaimedFailure(cl_command_queue q);
-// Drops a released queue's.
-void ForgetUnclaimedFailure(uint64_t stream);
+// A queue's stream, from its creation to its release: only a live queue's failures are kept.
+void NoteQueueStream(uint64_t stream);
+void ForgetQueueStream(uint64_t stream);
 // Runs fn on the front end's callback thread, in submission order.
 void RunCallback(std::function<void()> fn);
 
