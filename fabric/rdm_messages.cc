@@ -87,8 +87,9 @@ Result<PeerId> RdmEndpoint::Connect(const std::string& host_port, Millis timeout
       "a server on another provider stack than this " + provider_ + " cannot answer either";
   if (!st.ok()) {
     const bool timed_out = st.code() == Code::kTimeout;
-    st = Status(timed_out ? Code::kTimeout : Code::kLinkLost, "fabric: connect to " + host_port + ": " +
-                                                                  st.message() + (timed_out ? " (" + other_stack + ")" : ""));
+    std::string why = "fabric: connect to " + host_port + ": " + st.message();
+    if (timed_out) why += " (" + other_stack + ")";
+    st = Status(timed_out ? Code::kTimeout : Code::kLinkLost, why);
   } else if (c->state == Conn::State::kFailed) {
     st = c->failure;
   } else {

@@ -309,7 +309,8 @@ void RouteAsyncErrors(client::Session& s) {
     // device's contents are not what the program asked for; anything else (a release, a
     // flush) only here.
     const ir::CommandInfo* info = ir::FindCommand(static_cast<uint16_t>(err.opcode));
-    const bool waited = err.waited || (st.api() == Api::kOpenCL && st.native() == CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST);
+    const bool waited =
+        err.waited || (st.api() == Api::kOpenCL && st.native() == CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST);
     const bool report = info && (info->flags & ir::kWritesDevice) && !waited && err.stream != 0;
     log::Error("OpenCL: asynchronous {} on {} failed: {}{}", command, s.server(), st.ToString(),
                report ? " (reported by its queue's next clFinish or blocking read)" : "");

@@ -394,12 +394,13 @@ cl_int GetKernelArgInfo(cl_kernel k, cl_uint index, cl_kernel_arg_info param, si
       }
       return AnswerValue(size, value, size_ret, q);
     }
-    case CL_KERNEL_ARG_ACCESS_QUALIFIER:
-      return AnswerValue(size, value, size_ret, cl_kernel_arg_access_qualifier{CL_KERNEL_ARG_ACCESS_NONE});
+    case CL_KERNEL_ARG_ACCESS_QUALIFIER:  // the server's answer; NONE where it had none
+      return AnswerValue(size, value, size_ret,
+                         cl_kernel_arg_access_qualifier{pi.access ? pi.access : CL_KERNEL_ARG_ACCESS_NONE});
     case CL_KERNEL_ARG_TYPE_NAME:
       return AnswerString(size, value, size_ret, pi.type_name);
     case CL_KERNEL_ARG_TYPE_QUALIFIER:
-      return AnswerValue(size, value, size_ret, cl_kernel_arg_type_qualifier{CL_KERNEL_ARG_TYPE_NONE});
+      return AnswerValue(size, value, size_ret, cl_kernel_arg_type_qualifier{pi.type_qualifier});
     case CL_KERNEL_ARG_NAME:
       return AnswerString(size, value, size_ret, pi.name);
     default:

@@ -477,6 +477,16 @@ TEST_F(Tandem, KernelsWithStructAndLocalArguments) {
   cl_kernel_arg_address_qualifier aq = 0;
   ASSERT_EQ(clGetKernelArgInfo(k, 0, CL_KERNEL_ARG_ADDRESS_QUALIFIER, sizeof aq, &aq, nullptr), CL_SUCCESS);
   EXPECT_EQ(aq, static_cast<cl_kernel_arg_address_qualifier>(CL_KERNEL_ARG_ADDRESS_GLOBAL));
+  // The device's qualifiers: `__global const float* in` is const, `out` has none; a buffer's
+  // access qualifier is NONE (they once all answered NONE whatever the source said).
+  cl_kernel_arg_type_qualifier tq = 99;
+  ASSERT_EQ(clGetKernelArgInfo(k, 0, CL_KERNEL_ARG_TYPE_QUALIFIER, sizeof tq, &tq, nullptr), CL_SUCCESS);
+  EXPECT_EQ(tq, static_cast<cl_kernel_arg_type_qualifier>(CL_KERNEL_ARG_TYPE_CONST));
+  ASSERT_EQ(clGetKernelArgInfo(k, 1, CL_KERNEL_ARG_TYPE_QUALIFIER, sizeof tq, &tq, nullptr), CL_SUCCESS);
+  EXPECT_EQ(tq, static_cast<cl_kernel_arg_type_qualifier>(CL_KERNEL_ARG_TYPE_NONE));
+  cl_kernel_arg_access_qualifier acc = 0;
+  ASSERT_EQ(clGetKernelArgInfo(k, 0, CL_KERNEL_ARG_ACCESS_QUALIFIER, sizeof acc, &acc, nullptr), CL_SUCCESS);
+  EXPECT_EQ(acc, static_cast<cl_kernel_arg_access_qualifier>(CL_KERNEL_ARG_ACCESS_NONE));
 
   // __local scratch memory: per-group sums.
   const size_t items = 1024, group = 64;

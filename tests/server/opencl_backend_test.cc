@@ -539,6 +539,9 @@ TEST_F(OpenCLBackendTest, BuildFromSourceThenFromItsBinary) {
   EXPECT_EQ(mix->params[1].size, 4u);
   EXPECT_EQ(mix->params[2].size, 0u);
   EXPECT_EQ(mix->params[0].name, "out");
+  // Qualifiers as the device reports them: none on these (a buffer's access is NONE).
+  EXPECT_EQ(mix->params[0].access, static_cast<uint32_t>(CL_KERNEL_ARG_ACCESS_NONE));
+  EXPECT_EQ(mix->params[0].type_qualifier, static_cast<uint64_t>(CL_KERNEL_ARG_TYPE_NONE));
   EXPECT_GT(mix->max_block, 0u);
   EXPECT_EQ(mix->compile_block.size(), 3u);
   ASSERT_EQ(mix->attrs.size(), 1u);

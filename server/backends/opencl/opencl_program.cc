@@ -73,6 +73,21 @@ Status OpenCLBackend::DescribeKernel(cl_kernel k, cl_device_id dev, ir::Function
         err = QueryString(
             [&](size_t n, void* v, size_t* r) { return clGetKernelArgInfo(k, i, CL_KERNEL_ARG_NAME, n, v, r); },
             &p.name);
+      // Qualifiers where the names are known; a driver that will not say leaves them unknown
+      // (answered as none), which costs the program nothing it could act on.
+      if (err == CL_SUCCESS) {
+        cl_kernel_arg_access_qualifier access = 0;
+        cl_kernel_arg_type_qualifier type_qualifier = 0;
+        cl_int qerr = clGetKernelArgInfo(k, i, CL_KERNEL_ARG_ACCESS_QUALIFIER, sizeof(access), &access, nullptr);
+        if (qerr == CL_SUCCESS)
+          qerr = clGetKernelArgInfo(k, i, CL_KERNEL_ARG_TYPE_QUALIFIER, sizeof(type_qualifier), &type_qualifier, nullptr);
+        if (qerr == CL_SUCCESS) {
+          p.access = access;
+          p.type_qualifier = type_qualifier;
+        } else {
+          log::Debug("opencl: qualifiers of argument {} of {}: {}", i, info->name, ClErrorName(qerr));
+        }
+      }
       if (err != CL_SUCCESS && err != CL_KERNEL_ARG_INFO_NOT_AVAILABLE)
         return ClError(err, "clGetKernelArgInfo", fmt::format("argument {} of {}", i, info->name));
     } else if (err != CL_KERNEL_ARG_INFO_NOT_AVAILABLE) {

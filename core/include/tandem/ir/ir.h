@@ -14,7 +14,9 @@
 namespace tandem::ir {
 
 inline constexpr uint32_t kMagic = 0x4D444E54;  // "TNDM" little-endian
-inline constexpr uint32_t kProtocolVersion = 3;  // 2: server-to-server copies (Peer*); 3: AsyncError.stream, PriorityRange
+// 2: server-to-server copies (Peer*); 3: AsyncError.stream and .waited, PriorityRange,
+// ParamInfo.access and .type_qualifier.
+inline constexpr uint32_t kProtocolVersion = 3;
 inline constexpr uint64_t kFeatureRma = 1u << 0;      // client offers RMA regions for bulk data
 inline constexpr uint64_t kFeatureOpenCL = 1u << 1;
 inline constexpr uint64_t kFeatureCuda = 1u << 2;
