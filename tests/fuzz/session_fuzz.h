@@ -1,5 +1,5 @@
-// The fuzz entry point over a session worker's batch handling (see session_fuzz.cc) and
-// the seeds both the fuzzer and the replay test start from.
+// A fuzz target's entry point and the seeds both the fuzzer and the replay test start from:
+// each target (session_fuzz.cc, fabric_fuzz.cc) is its own binary defining both.
 #pragma once
 
 #include <cstddef>
@@ -10,9 +10,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
 
 namespace tandem::test {
 
-// Input layout: byte 0 is the mode (bit 0 set: skip the Attach, exercising authentication);
-// then messages, each a u32 little-endian length and that many bytes; bytes left over form
-// one last message.
+// session_fuzz's input: byte 0 is the mode (bit 0 set: skip the Attach, exercising
+// authentication); then messages, each a u32 little-endian length and that many bytes; bytes
+// left over form one last message. fabric_fuzz's: frames, each a u16 length and its bytes.
 std::vector<std::vector<uint8_t>> BuiltinSeeds();
 
 }  // namespace tandem::test
