@@ -376,7 +376,9 @@ struct _cl_event : tandem::ocl::Object<_cl_event> {
   cl_command_type type = 0;
   uint64_t handle = 0;  // remote event (the `signal` of its command)
   bool bound = false;   // a posted command signals it, so the server knows the handle
-  bool internal = false;  // Tandem's own (a write in a context over several servers): the program has no handle
+  // Tandem's own (a write in a context over several servers, a buffer's move between them):
+  // the program has no handle to it.
+  bool internal = false;
   Completion completion = Completion::kRemote;
 
   std::mutex mu;

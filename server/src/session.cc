@@ -317,7 +317,6 @@ void Session::Run(const ir::Record& rec, ir::BatchWriter& out) {
   current_seq_ = rec.header.seq;
   auto rep = std::make_shared<typename Req::Reply>();
   const auto started = profile_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
-  waited_failed_ = false;
   st = Execute(req, rep.get());
   if (profile_) profile_->Add(std::string(Req::kName), std::chrono::steady_clock::now() - started);
   if (log::TraceEnabled()) log::Trace("ran #{} {}: {}", rec.header.seq, Req::kName, st.ToString());
@@ -355,7 +354,10 @@ void Session::Run(const ir::Record& rec, ir::BatchWriter& out) {
     uint64_t signal = 0, stream = 0;
     if constexpr (requires { req.signal; }) signal = req.signal;
     if constexpr (requires { req.stream; }) stream = req.stream;
-    Defer(rec, st, signal, stream, waited_failed_);
+    // Failed because an event it waited on had (Execute's first check), not by itself.
+    bool waited = false;
+    if constexpr (requires { req.wait; }) waited = !FailedWait(req.wait).ok();
+    Defer(rec, st, signal, stream, waited);
   }
 }
 
@@ -391,12 +393,10 @@ Status Session::Execute(const Req& req, typename Req::Reply* rep) {
   if constexpr (requires { req.wait; }) {
     if (Status st = FailedWait(req.wait); !st.ok()) {
       if constexpr (requires { req.signal; }) NoteSignal(req.signal, st);
-      waited_failed_ = true;
       return st;
     }
   }
   Status st = Call(req, rep);
-  waited_failed_ = false;  // held commands a Call replays meanwhile run through here too
   if constexpr (requires { req.signal; }) NoteSignal(req.signal, st);
   return st;
 }

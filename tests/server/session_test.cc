@@ -189,6 +189,10 @@ TEST_F(SessionTest, FailedSignalsAnswerQueriesAndFailTheirWaiters) {
   ASSERT_EQ(r.size(), 4u);
   ASSERT_EQ(r[0].head.deferred.size(), 2u);
   EXPECT_NE(r[0].head.deferred[1].message.find("waits on event 41"), std::string::npos);
+  // The write failed by itself, the fill for what it waited on; both on stream 0 here.
+  EXPECT_EQ(r[0].head.deferred[0].waited, 0u);
+  EXPECT_EQ(r[0].head.deferred[1].waited, 1u);
+  EXPECT_EQ(r[0].head.deferred[1].signal, 42u);
   ir::EventQueryRep q;
   ir::Reader rd(r[0].fields);
   ASSERT_TRUE(ir::Get(rd, &q));

@@ -274,7 +274,6 @@ class Session {
   std::unordered_set<uint64_t> unanswered_;    // imported events whose server has not answered
   bool replaying_ = false;
   uint64_t current_seq_ = 0;  // the record being run
-  bool waited_failed_ = false;  // the record being run failed in FailedWait (Execute)
   // Bytes of inline read backs (replies that carry the data) taken on in the batch being run:
   // one request message must not make the worker hold, or one reply message carry, more than
   // kMaxInlineReplyBytes (a reply batch counts its bytes in 32 bits).
