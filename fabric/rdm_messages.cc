@@ -400,7 +400,9 @@ Result<Event> RdmEndpoint::Next(Micros timeout) {
       for (unsigned polls = 1; events_pending_ == 0 && Clock::now() < spin_end; ++polls) {
         // Politely, but a reader kept out by posters for long reads anyway (they wait for it).
         const bool polite = polls % 64 != 0;
-        std::unique_lock<std::mutex> cq(cq_mu_, std::try_to_lock);
+        std::unique_lock<std::recursive_mutex> cq(h_->cq_mu, std::defer_lock);
+        // A memory region that opens or closes takes the CQ's lock (handles.h): stay off it.
+        if (h_->region_changes.load() == 0) cq.try_lock();
         if (cq.owns_lock()) {
           const ssize_t n = ReadCq(entries, polite);
           if (n > 0) {

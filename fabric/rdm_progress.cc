@@ -21,7 +21,7 @@ constexpr auto kCallerNap = std::chrono::microseconds(20);  // sleep while a cal
 }  // namespace
 
 void RdmEndpoint::Kick() {
-  if (!can_block_) return;
+  if (!h_->can_block) return;
   int r = fi_cq_signal(h_->cq);
   if (r != 0) log::Debug("fabric: fi_cq_signal: {}", fi_strerror(-r));
 }
@@ -62,7 +62,12 @@ void RdmEndpoint::ProgressLoop() {
       last_activity = Clock::now();
       continue;
     }
-    std::unique_lock<std::mutex> cq(cq_mu_);
+    if (h_->region_changes.load() > 0) {
+      // A memory region opens or closes under the CQ's lock (handles.h): stay off it.
+      std::this_thread::yield();
+      continue;
+    }
+    std::unique_lock<std::recursive_mutex> cq(h_->cq_mu);
     // Politely, but posters that keep coming do not keep the completions unread.
     ssize_t n = ReadCq(entries, /*polite=*/reads % 64 != 0);
     if (n == -FI_EAGAIN) {
@@ -79,13 +84,13 @@ void RdmEndpoint::ProgressLoop() {
       // A caller that started reading in Next() just now found this thread hot and did not
       // kick it: it must not find the CQ held through the wait below (seq_cst: the caller
       // counts itself, then looks at progress_hot_; this thread the reverse).
-      if (cq_callers_.load() > 0) continue;
+      if (cq_callers_.load() > 0 || h_->region_changes.load() > 0) continue;
       // Not polling any more: a send handed over before the flag fell goes first (one handed
       // over after it comes with a Kick, which ends the wait below).
       if (deferred_) RetryDeferred();
       // Deferred work waits on the provider: retry soon, but never spin for it on a busy machine.
       int block_ms = deferred_ ? 1 : kBlockMs;
-      if (can_block_) {
+      if (h_->can_block) {
         // A caller that starts spinning in Next() meanwhile kicks this wait short.
         n = fi_cq_sread(h_->cq, entries, kCqBatch, nullptr, block_ms);
       } else {

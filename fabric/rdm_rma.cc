@@ -15,7 +15,10 @@ class RdmRegion final : public MemoryRegion {
  public:
   RdmRegion(std::shared_ptr<Handles> h, fid_mr* mr, void* base, size_t len, uint64_t remote_addr)
       : h_(std::move(h)), mr_(mr), base_(base), len_(len), remote_addr_(remote_addr) {}
-  ~RdmRegion() override { CloseFid(&mr_->fid, "memory region"); }
+  ~RdmRegion() override {
+    RegionChange change(*h_);
+    CloseFid(&mr_->fid, "memory region");
+  }
 
   uint64_t remote_addr() const override { return remote_addr_; }
   uint64_t key() const override { return fi_mr_key(mr_); }
@@ -39,6 +42,7 @@ Result<std::unique_ptr<MemoryRegion>> RdmEndpoint::Register(void* addr, size_t l
   uint64_t flags = FI_READ | FI_WRITE;
   if (access & kRemoteRead) flags |= FI_REMOTE_READ;
   if (access & kRemoteWrite) flags |= FI_REMOTE_WRITE;
+  RegionChange change(*h_);  // a peer's RMA may be checked against the key map meanwhile
   auto mr = RegisterRaw(addr, len, flags);
   if (!mr.ok()) return mr.status();
   if (fi_mr_key(*mr) == FI_KEY_NOTAVAIL) {

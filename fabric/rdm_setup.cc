@@ -67,6 +67,20 @@ void CloseFid(fid* f, const char* what) {
   if (r != 0) log::Warn("fabric: closing {}: {}", what, fi_strerror(-r));
 }
 
+RegionChange::RegionChange(Handles& h) : h_(h) {
+  h_.region_changes.fetch_add(1);
+  if (h_.can_block && h_.cq != nullptr) {
+    int r = fi_cq_signal(h_.cq);  // out of a blocking read, which holds cq_mu
+    if (r != 0) log::Debug("fabric: fi_cq_signal: {}", fi_strerror(-r));
+  }
+  h_.cq_mu.lock();
+}
+
+RegionChange::~RegionChange() {
+  h_.cq_mu.unlock();
+  h_.region_changes.fetch_sub(1);
+}
+
 Handles::~Handles() {
   CloseFid(ep ? &ep->fid : nullptr, "endpoint");
   CloseFid(av ? &av->fid : nullptr, "address vector");
@@ -183,7 +197,7 @@ Status RdmEndpoint::OpenAt(const Options& options, const std::string& host, cons
   cq_attr.size = kCqSize;
   cq_attr.wait_obj = FI_WAIT_UNSPEC;
   r = fi_cq_open(h_->domain, &cq_attr, &h_->cq, nullptr);
-  can_block_ = r == 0;
+  h_->can_block = r == 0;
   if (r != 0) {
     log::Debug("fabric: {} CQ without wait object ({}); progress thread will nap", provider_, fi_strerror(-r));
     cq_attr.wait_obj = FI_WAIT_NONE;
@@ -250,6 +264,9 @@ Result<Buffer> RdmEndpoint::NewBuffer(size_t bytes) {
 }
 
 void RdmEndpoint::FreeBuffer(Buffer& b) {
+  // Not a RegionChange: this runs under mu_, which a CQ reader takes after cq_mu. Only a
+  // provider that wants FI_MR_LOCAL registers these, and none of those shares net's unlocked
+  // key map; no peer's RMA ever targets them.
   CloseFid(b.mr ? &b.mr->fid : nullptr, "buffer region");
   b.mr = nullptr;
   b.data.reset();

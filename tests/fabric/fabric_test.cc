@@ -394,6 +394,63 @@ TEST_P(FabricTest, RmaReadAndWrite64MiBAtOffsets) {
             Code::kInvalidArgument);
 }
 
+// A server registers and drops regions all the time (every large transfer of every client)
+// while peers' RMA into its other regions is checked against the same key map, inside whoever
+// reads its CQ. libfabric 1.17's net provider changes that map on close under no lock of its
+// own: ft.linkcut crashed on it in CI (SIGSEGV in ofi_mr_map_verify, 2026-11-27).
+TEST_P(FabricTest, RegionsComeAndGoWhileAPeersRmaIsChecked) {
+  constexpr size_t kLen = 256u << 10;
+  auto client = OpenClient();
+  ASSERT_TRUE(client);
+  auto [to_server, to_client] = Join(*client, "hello");
+  std::vector<uint8_t> target(kLen, 0);
+  auto target_mr = server_->Register(target.data(), target.size(), kRemoteRead | kRemoteWrite);
+  ASSERT_TRUE(target_mr.ok()) << target_mr.status().ToString();
+  const RemoteRegion remote{(*target_mr)->remote_addr(), target.size(), (*target_mr)->key()};
+  std::vector<uint8_t> local(kLen);
+  auto local_mr = client->Register(local.data(), local.size(), kLocal);
+  ASSERT_TRUE(local_mr.ok()) << local_mr.status().ToString();
+
+  std::atomic<bool> stop{false};
+  std::atomic<int> transfers{0};
+  std::thread rma([&] {
+    for (uint32_t i = 0; !stop.load(); ++i) {
+      const size_t off = (i * 4096u) % (kLen - 4096), len = 4096;
+      Status st = (i & 1) ? client->Read(to_server, **local_mr, off, remote, off, len, kWait)
+                          : client->Write(to_server, **local_mr, off, remote, off, len, kWait);
+      if (!st.ok()) {
+        ADD_FAILURE() << "transfer " << i << ": " << st.ToString();
+        return;
+      }
+      transfers.fetch_add(1);
+    }
+  });
+  // The server's own CQ reader (its progress thread, and this thread now and then in Next())
+  // checks the client's keys while this thread keeps a few dozen regions and churns them.
+  std::vector<std::vector<uint8_t>> memory(48, std::vector<uint8_t>(8192));
+  std::vector<std::unique_ptr<MemoryRegion>> held(memory.size());
+  int churned = 0;
+  const auto until = Clock::now() + std::chrono::milliseconds(1500);
+  for (size_t i = 0; Clock::now() < until; ++i) {
+    const size_t slot = (i * 7) % held.size();
+    held[slot].reset();
+    auto mr = server_->Register(memory[slot].data(), memory[slot].size(), kRemoteRead | kRemoteWrite);
+    ASSERT_TRUE(mr.ok()) << mr.status().ToString();
+    held[slot] = std::move(*mr);
+    ++churned;
+    if (i % 64 == 0) (void)server_->Next(Millis(0));
+  }
+  stop.store(true);
+  rma.join();
+  EXPECT_GT(transfers.load(), 100);
+  EXPECT_GT(churned, 1000);
+  // The data still lands where it should.
+  auto data = Pattern(4096, 9);
+  std::memcpy(local.data(), data.data(), data.size());
+  ASSERT_TRUE(client->Write(to_server, **local_mr, 0, remote, 0, data.size(), kWait).ok());
+  EXPECT_EQ(std::memcmp(target.data(), data.data(), data.size()), 0);
+}
+
 TEST_P(FabricTest, ListenerOutlivesAClientThatGoesAway) {
   auto gone = OpenClient();
   auto stays = OpenClient();
