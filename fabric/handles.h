@@ -7,8 +7,9 @@
 #include <rdma/fi_endpoint.h>
 
 #include <atomic>
-#include <mutex>
+#include <shared_mutex>
 #include <string>
+#include <utility>
 
 #include "tandem/status.h"
 
@@ -22,14 +23,14 @@ struct Handles {
   fid_cq* cq = nullptr;
   fid_ep* ep = nullptr;
 
-  // Held by whoever reads the CQ (RdmEndpoint's progress thread, or a caller in Next()) and
-  // by whoever opens or closes a memory region (RegionChange). A provider looks up the key of
-  // each incoming RMA inside that read; libfabric 1.17's net provider changes the same map on
-  // fi_close of a region under no lock of its own (its domain lock is OFI_LOCK_NONE), which
-  // corrupted it (SIGSEGV in ofi_mr_map_verify, ft.linkcut in CI, 2026-11-27). Recursive: a
-  // completion dispatched under it may free a registered buffer.
-  std::recursive_mutex cq_mu;
-  std::atomic<int> region_changes{0};  // threads waiting for cq_mu to change regions: readers step aside
+  // Held shared around every provider call that may run the provider's progress (a CQ read,
+  // a post: net runs progress over every socket in a post to a peer not yet connected), and
+  // exclusively while a memory region opens or closes (RegionChange). Progress checks the key
+  // of each incoming RMA against the domain's map; libfabric 1.17's net provider changes that
+  // map on fi_close of a region under no lock of its own (its domain lock is OFI_LOCK_NONE),
+  // which corrupted it (SIGSEGV in ofi_mr_map_verify, ft.linkcut in CI, 2026-11-27).
+  std::shared_mutex provider_mu;
+  std::atomic<int> region_changes{0};  // RegionChanges waiting or under way: CQ readers step aside
   bool can_block = false;              // the CQ has a wait object (fi_cq_sread / fi_cq_signal work)
 
   Handles() = default;
@@ -38,8 +39,8 @@ struct Handles {
   ~Handles();
 };
 
-// Holds h.cq_mu for opening or closing a memory region: CQ readers step aside and a blocking
-// read is woken, so the wait is a CQ read at most.
+// Holds h.provider_mu exclusively for opening or closing a memory region; CQ readers step
+// aside and a blocking read is woken, so the wait is for provider calls under way.
 class RegionChange {
  public:
   explicit RegionChange(Handles& h);
@@ -50,6 +51,13 @@ class RegionChange {
  private:
   Handles& h_;
 };
+
+// A provider call that may run its progress: f() with h.provider_mu held shared.
+template <class F>
+auto InProvider(Handles& h, F&& f) {
+  std::shared_lock<std::shared_mutex> lock(h.provider_mu);
+  return std::forward<F>(f)();
+}
 
 // "what: <fi_strerror>" as a Status of the given code.
 Status FiError(Code code, const std::string& what, int fi_ret);

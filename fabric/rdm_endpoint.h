@@ -1,6 +1,6 @@
 // The libfabric RDM implementation of Endpoint. One endpoint, one CQ, one AV (FI_AV_TABLE),
 // one progress thread. Callers post sends and RMA directly (the domain is FI_THREAD_SAFE).
-// One thread reads the CQ at a time (Handles::cq_mu): a caller spinning in Next() for its next message
+// One thread reads the CQ at a time (cq_mu_): a caller spinning in Next() for its next message
 // reads it itself while the progress thread stays off it, and the progress thread otherwise;
 // everything read is dispatched under mu_.
 #pragma once
@@ -178,7 +178,7 @@ class RdmEndpoint final : public Endpoint {
 
   // Progress (rdm_progress.cc).
   void ProgressLoop();
-  // fi_cq_read into entries (kCqBatch of them); h_->cq_mu held. With `polite`, a caller about to
+  // fi_cq_read into entries (kCqBatch of them); cq_mu_ held. With `polite`, a caller about to
   // post a message goes first (-FI_EAGAIN, nothing read): blocked on the provider's lock, that
   // caller would sleep in the kernel, and the reply to what it sends waits for its wake-up.
   ssize_t ReadCq(fi_cq_data_entry* entries, bool polite);
@@ -211,6 +211,7 @@ class RdmEndpoint final : public Endpoint {
   std::atomic<bool> stop_{false};
   std::atomic<bool> deferred_{false};  // something in the *_deferred_ / rma_stalled_ lists
   std::atomic<int> waiters_{0};  // callers waiting on -FI_EAGAIN or a buffer: keep spinning
+  std::mutex cq_mu_;                // held by whoever reads the CQ and dispatches what it read
   std::atomic<int> cq_callers_{0};  // callers spinning in Next() that read the CQ themselves
   std::atomic<int> posting_{0};     // callers in PostBetweenReads
   std::atomic<bool> reading_{false};  // a thread is inside fi_cq_read

@@ -107,7 +107,9 @@ void RdmEndpoint::SendBye(fi_addr_t addr, uint64_t conn_id) {
   h.conn_id = conn_id;
   uint8_t frame[wire::kHeaderSize];
   wire::EncodeHeader(h, frame);
-  ssize_t r = inject_size_ >= sizeof(frame) ? fi_inject(h_->ep, frame, sizeof(frame), addr) : -FI_EMSGSIZE;
+  ssize_t r = inject_size_ >= sizeof(frame)
+                  ? InProvider(*h_, [&] { return fi_inject(h_->ep, frame, sizeof(frame), addr); })
+                  : -FI_EMSGSIZE;
   if (r != 0) log::Debug("fabric: goodbye on {:#x} not sent: {}", conn_id, fi_strerror(static_cast<int>(-r)));
 }
 
@@ -125,7 +127,8 @@ void RdmEndpoint::Close(PeerId peer) {
         continue;
       }
       c->deferred -= op->len;
-      if (fi_send(h_->ep, op->buf.data.get(), op->len, op->buf.desc, op->addr, &op->fi) == 0) {
+      auto send = [&] { return fi_send(h_->ep, op->buf.data.get(), op->len, op->buf.desc, op->addr, &op->fi); };
+      if (InProvider(*h_, send) == 0) {
         sends_in_flight_.insert(it->release());
       } else {
         ReleaseBuffer(std::move(op->buf));
@@ -400,9 +403,10 @@ Result<Event> RdmEndpoint::Next(Micros timeout) {
       for (unsigned polls = 1; events_pending_ == 0 && Clock::now() < spin_end; ++polls) {
         // Politely, but a reader kept out by posters for long reads anyway (they wait for it).
         const bool polite = polls % 64 != 0;
-        std::unique_lock<std::recursive_mutex> cq(h_->cq_mu, std::defer_lock);
-        // A memory region that opens or closes takes the CQ's lock (handles.h): stay off it.
-        if (h_->region_changes.load() == 0) cq.try_lock();
+        std::unique_lock<std::mutex> cq(cq_mu_, std::defer_lock);
+        // A memory region opening or closing waits for CQ reads to end (handles.h): leave it a
+        // gap, though not for ever.
+        if (h_->region_changes.load() == 0 || !polite) cq.try_lock();
         if (cq.owns_lock()) {
           const ssize_t n = ReadCq(entries, polite);
           if (n > 0) {
@@ -573,8 +577,10 @@ void RdmEndpoint::QueueControl(fi_addr_t addr, PeerId peer, const wire::Header& 
 }
 
 void RdmEndpoint::Repost(RecvSlot* slot) {
-  ssize_t r = fi_recv(h_->ep, slot->buf.data.get(), wire::kHeaderSize + max_message_, slot->buf.desc, FI_ADDR_UNSPEC,
-                      &slot->fi);
+  ssize_t r = InProvider(*h_, [&] {
+    return fi_recv(h_->ep, slot->buf.data.get(), wire::kHeaderSize + max_message_, slot->buf.desc, FI_ADDR_UNSPEC,
+                   &slot->fi);
+  });
   if (r == -FI_EAGAIN) {
     recv_deferred_.push_back(slot);
     deferred_ = true;

@@ -35,7 +35,7 @@ ssize_t RdmEndpoint::ReadCq(fi_cq_data_entry* entries, bool polite) {
     reading_.store(false);
     return -FI_EAGAIN;
   }
-  const ssize_t n = fi_cq_read(h_->cq, entries, kCqBatch);
+  const ssize_t n = InProvider(*h_, [&] { return fi_cq_read(h_->cq, entries, kCqBatch); });
   reading_.store(false);
   return n;
 }
@@ -44,7 +44,7 @@ ssize_t RdmEndpoint::PostBetweenReads(const std::function<ssize_t()>& post) {
   posting_.fetch_add(1);
   // One fi_cq_read at most: readers let posters go first.
   for (SpinPause p; reading_.load();) p.Once();
-  const ssize_t r = post();
+  const ssize_t r = InProvider(*h_, post);
   posting_.fetch_sub(1);
   return r;
 }
@@ -52,6 +52,7 @@ ssize_t RdmEndpoint::PostBetweenReads(const std::function<ssize_t()>& post) {
 void RdmEndpoint::ProgressLoop() {
   fi_cq_data_entry entries[kCqBatch];
   auto last_activity = Clock::now();
+  unsigned stepped_aside = 0;
   for (unsigned reads = 1; !stop_; ++reads) {
     if (cq_callers_.load() > 0) {
       // A caller in Next() reads the CQ and posts what was deferred. This thread naps: spinning
@@ -62,12 +63,13 @@ void RdmEndpoint::ProgressLoop() {
       last_activity = Clock::now();
       continue;
     }
-    if (h_->region_changes.load() > 0) {
-      // A memory region opens or closes under the CQ's lock (handles.h): stay off it.
+    if (h_->region_changes.load() > 0 && ++stepped_aside % 64 != 0) {
+      // A memory region opening or closing waits for CQ reads to end (handles.h): leave it a
+      // gap, though not for ever.
       std::this_thread::yield();
       continue;
     }
-    std::unique_lock<std::recursive_mutex> cq(h_->cq_mu);
+    std::unique_lock<std::mutex> cq(cq_mu_);
     // Politely, but posters that keep coming do not keep the completions unread.
     ssize_t n = ReadCq(entries, /*polite=*/reads % 64 != 0);
     if (n == -FI_EAGAIN) {
@@ -92,7 +94,8 @@ void RdmEndpoint::ProgressLoop() {
       int block_ms = deferred_ ? 1 : kBlockMs;
       if (h_->can_block) {
         // A caller that starts spinning in Next() meanwhile kicks this wait short.
-        n = fi_cq_sread(h_->cq, entries, kCqBatch, nullptr, block_ms);
+        // A RegionChange meanwhile kicks it short too: it waits for this read to end.
+        n = InProvider(*h_, [&] { return fi_cq_sread(h_->cq, entries, kCqBatch, nullptr, block_ms); });
       } else {
         cq.unlock();
         std::this_thread::sleep_for(kNap);
@@ -140,7 +143,7 @@ void RdmEndpoint::Dispatch(const fi_cq_data_entry* entries, ssize_t n) {
 
 void RdmEndpoint::DispatchError() {
   fi_cq_err_entry err{};
-  ssize_t r = fi_cq_readerr(h_->cq, &err, 0);
+  ssize_t r = InProvider(*h_, [&] { return fi_cq_readerr(h_->cq, &err, 0); });
   if (r == -FI_EAGAIN) return;
   if (r < 0) {
     log::Error("fabric: fi_cq_readerr: {}", fi_strerror(static_cast<int>(-r)));
@@ -199,9 +202,8 @@ void RdmEndpoint::RetryDeferred() {
     }
     // A caller's frame for a peer closed or lost meanwhile is dropped, as a Send then fails.
     Conn* c = op->handed_off ? FindConn(op->peer) : nullptr;
-    ssize_t r = op->handed_off && (c == nullptr || c->state != Conn::State::kUp)
-                    ? -FI_ENOTCONN
-                    : fi_send(h_->ep, op->buf.data.get(), op->len, op->buf.desc, op->addr, &op->fi);
+    auto send = [&] { return fi_send(h_->ep, op->buf.data.get(), op->len, op->buf.desc, op->addr, &op->fi); };
+    ssize_t r = op->handed_off && (c == nullptr || c->state != Conn::State::kUp) ? -FI_ENOTCONN : InProvider(*h_, send);
     if (r == -FI_EAGAIN && op->handed_off && now >= op->deadline) {
       // The peer took nothing for send_timeout (dead, or frozen): lost, with what waits for it.
       PeerFailed(op->peer, Status(Code::kTimeout, "fi_send: no progress (-FI_EAGAIN) before the deadline"));

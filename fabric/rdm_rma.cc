@@ -119,8 +119,10 @@ void RdmEndpoint::Pump(RmaOp& op) {
     msg.rma_iov_count = 1;
     msg.context = &chunk->fi;
     // A write completes only once the target has it, so Wait() means "the data is there".
-    ssize_t r = op.write ? fi_writemsg(h_->ep, &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE)
-                         : fi_readmsg(h_->ep, &msg, FI_COMPLETION);
+    ssize_t r = InProvider(*h_, [&] {
+      return op.write ? fi_writemsg(h_->ep, &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE)
+                      : fi_readmsg(h_->ep, &msg, FI_COMPLETION);
+    });
     if (r == -FI_EAGAIN) {
       stalled = true;
       break;

@@ -70,14 +70,14 @@ void CloseFid(fid* f, const char* what) {
 RegionChange::RegionChange(Handles& h) : h_(h) {
   h_.region_changes.fetch_add(1);
   if (h_.can_block && h_.cq != nullptr) {
-    int r = fi_cq_signal(h_.cq);  // out of a blocking read, which holds cq_mu
+    int r = fi_cq_signal(h_.cq);  // out of a blocking read, which holds provider_mu
     if (r != 0) log::Debug("fabric: fi_cq_signal: {}", fi_strerror(-r));
   }
-  h_.cq_mu.lock();
+  h_.provider_mu.lock();
 }
 
 RegionChange::~RegionChange() {
-  h_.cq_mu.unlock();
+  h_.provider_mu.unlock();
   h_.region_changes.fetch_sub(1);
 }
 
@@ -264,9 +264,9 @@ Result<Buffer> RdmEndpoint::NewBuffer(size_t bytes) {
 }
 
 void RdmEndpoint::FreeBuffer(Buffer& b) {
-  // Not a RegionChange: this runs under mu_, which a CQ reader takes after cq_mu. Only a
-  // provider that wants FI_MR_LOCAL registers these, and none of those shares net's unlocked
-  // key map; no peer's RMA ever targets them.
+  // Not a RegionChange (nor is NewBuffer's registration): these run under mu_, and posts
+  // take provider_mu under it. Only a provider that wants FI_MR_LOCAL registers send and
+  // receive buffers, and net, whose key map needs RegionChange, does not.
   CloseFid(b.mr ? &b.mr->fid : nullptr, "buffer region");
   b.mr = nullptr;
   b.data.reset();
@@ -278,8 +278,10 @@ Status RdmEndpoint::PostReceives(int count) {
     auto buf = NewBuffer();
     if (!buf.ok()) return buf.status();
     slot->buf = std::move(*buf);
-    int r = fi_recv(h_->ep, slot->buf.data.get(), wire::kHeaderSize + max_message_, slot->buf.desc, FI_ADDR_UNSPEC,
-                    &slot->fi);
+    int r = InProvider(*h_, [&] {
+      return fi_recv(h_->ep, slot->buf.data.get(), wire::kHeaderSize + max_message_, slot->buf.desc, FI_ADDR_UNSPEC,
+                     &slot->fi);
+    });
     if (r != 0) return FiError(Code::kInternal, "fi_recv", static_cast<int>(r));
     recv_slots_.push_back(std::move(slot));
   }

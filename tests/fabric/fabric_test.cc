@@ -395,9 +395,12 @@ TEST_P(FabricTest, RmaReadAndWrite64MiBAtOffsets) {
 }
 
 // A server registers and drops regions all the time (every large transfer of every client)
-// while peers' RMA into its other regions is checked against the same key map, inside whoever
-// reads its CQ. libfabric 1.17's net provider changes that map on close under no lock of its
-// own: ft.linkcut crashed on it in CI (SIGSEGV in ofi_mr_map_verify, 2026-11-27).
+// while peers' RMA into its other regions is checked against the same key map inside its CQ
+// reads. libfabric 1.17's net provider changes that map on close under no lock of its own:
+// ft.linkcut crashed on it in CI (SIGSEGV in ofi_mr_map_verify, 2026-11-27). Without the
+// exclusion this failed 5 runs of 5 on tcp (net). The server also connects out meanwhile:
+// net may run progress inside a post to a peer not yet connected, but leaving only the posts
+// ungated was not caught here in 5 runs (a narrow window).
 TEST_P(FabricTest, RegionsComeAndGoWhileAPeersRmaIsChecked) {
   constexpr size_t kLen = 256u << 10;
   auto client = OpenClient();
@@ -412,7 +415,7 @@ TEST_P(FabricTest, RegionsComeAndGoWhileAPeersRmaIsChecked) {
   ASSERT_TRUE(local_mr.ok()) << local_mr.status().ToString();
 
   std::atomic<bool> stop{false};
-  std::atomic<int> transfers{0};
+  std::atomic<int> transfers{0}, connects{0};
   std::thread rma([&] {
     for (uint32_t i = 0; !stop.load(); ++i) {
       const size_t off = (i * 4096u) % (kLen - 4096), len = 4096;
@@ -425,25 +428,58 @@ TEST_P(FabricTest, RegionsComeAndGoWhileAPeersRmaIsChecked) {
       transfers.fetch_add(1);
     }
   });
-  // The server's own CQ reader (its progress thread, and this thread now and then in Next())
-  // checks the client's keys while this thread keeps a few dozen regions and churns them.
+  // The server connects out now and then, as a server does to its peers for direct copies.
+  // Not on shm: there a listener opened in this process right after another closed sometimes
+  // never answers (10 s; seen without any region changing, 2026-11-27), and net is the case.
+  const bool connect_out = GetParam() != "shm";
+  std::thread out([&] {
+    while (connect_out && !stop.load()) {
+      auto listener = Endpoint::Open(ServerOptions());
+      if (!listener.ok()) {
+        ADD_FAILURE() << listener.status().ToString();
+        return;
+      }
+      auto peer = server_->Connect((*listener)->address(), kWait);
+      if (!peer.ok()) {
+        ADD_FAILURE() << "connect: " << peer.status().ToString();
+        return;
+      }
+      server_->Close(*peer);
+      connects.fetch_add(1);
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the churn needs the cores
+    }
+  });
+  // Meanwhile this thread keeps a few dozen regions and churns them, and reads the server's
+  // CQ itself now and then in Next() (with the progress thread reading it otherwise).
   std::vector<std::vector<uint8_t>> memory(48, std::vector<uint8_t>(8192));
   std::vector<std::unique_ptr<MemoryRegion>> held(memory.size());
   int churned = 0;
-  const auto until = Clock::now() + std::chrono::milliseconds(1500);
+  const auto until = Clock::now() + std::chrono::milliseconds(2500);
   for (size_t i = 0; Clock::now() < until; ++i) {
     const size_t slot = (i * 7) % held.size();
     held[slot].reset();
     auto mr = server_->Register(memory[slot].data(), memory[slot].size(), kRemoteRead | kRemoteWrite);
-    ASSERT_TRUE(mr.ok()) << mr.status().ToString();
+    if (!mr.ok()) {
+      ADD_FAILURE() << "register: " << mr.status().ToString();
+      break;
+    }
     held[slot] = std::move(*mr);
     ++churned;
-    if (i % 64 == 0) (void)server_->Next(Millis(0));
+    if (i % 512 == 0) {
+      auto ev = server_->Next(std::chrono::microseconds(300));
+      if (ev.ok() && ev->kind == EventKind::kPeerLost && ev->peer == to_client) {
+        ADD_FAILURE() << "client lost: " << ev->status.ToString();
+      }
+    }
   }
   stop.store(true);
   rma.join();
-  EXPECT_GT(transfers.load(), 100);
-  EXPECT_GT(churned, 1000);
+  out.join();
+  EXPECT_GT(transfers.load(), 20);
+  if (connect_out) {
+    EXPECT_GT(connects.load(), 2);
+  }
+  EXPECT_GT(churned, 200);
   // The data still lands where it should.
   auto data = Pattern(4096, 9);
   std::memcpy(local.data(), data.data(), data.size());
