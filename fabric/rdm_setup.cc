@@ -68,6 +68,7 @@ void CloseFid(fid* f, const char* what) {
 }
 
 RegionChange::RegionChange(Handles& h) : h_(h) {
+  if (!h_.exclude_regions) return;
   h_.region_changes.fetch_add(1);
   if (h_.can_block && h_.cq != nullptr) {
     int r = fi_cq_signal(h_.cq);  // out of a blocking read, which holds provider_mu
@@ -77,6 +78,7 @@ RegionChange::RegionChange(Handles& h) : h_(h) {
 }
 
 RegionChange::~RegionChange() {
+  if (!h_.exclude_regions) return;
   h_.provider_mu.unlock();
   h_.region_changes.fetch_sub(1);
 }
@@ -179,6 +181,7 @@ Status RdmEndpoint::OpenAt(const Options& options, const std::string& host, cons
   }
   fi_info* info = h_->info;
   provider_ = info->fabric_attr->prov_name;
+  h_->exclude_regions = provider_ == "net" || provider_ == "tcp";
   mr_mode_ = info->domain_attr->mr_mode;
   inject_size_ = info->tx_attr->inject_size;
   size_t max_msg = info->ep_attr->max_msg_size;
