@@ -6,7 +6,9 @@
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
 
-#include <atomic>
+#include <pthread.h>
+
+#include <mutex>
 #include <shared_mutex>
 #include <string>
 #include <utility>
@@ -14,6 +16,24 @@
 #include "tandem/status.h"
 
 namespace tandem::fabric {
+
+// A reader-writer lock that prefers writers (glibc's rwlock prefers readers by default, and
+// std::shared_mutex is that one): a writer waits for the readers inside, not for those that
+// keep coming. Not recursive for readers: a reader may not take it again while inside.
+class WriterFirstLock {
+ public:
+  WriterFirstLock();
+  ~WriterFirstLock();
+  WriterFirstLock(const WriterFirstLock&) = delete;
+  WriterFirstLock& operator=(const WriterFirstLock&) = delete;
+  void lock();
+  void unlock();
+  void lock_shared();
+  void unlock_shared();
+
+ private:
+  pthread_rwlock_t rw_;
+};
 
 struct Handles {
   fi_info* info = nullptr;
@@ -25,16 +45,22 @@ struct Handles {
 
   // Held shared around every provider call that may run the provider's progress (a CQ read,
   // a post: net runs progress over every socket in a post to a peer not yet connected), and
-  // exclusively while a memory region opens or closes (RegionChange). Progress checks the key
-  // of each incoming RMA against the domain's map; libfabric 1.17's net provider changes that
-  // map on fi_close of a region under no lock of its own (its domain lock is OFI_LOCK_NONE),
-  // which corrupted it (SIGSEGV in ofi_mr_map_verify, ft.linkcut in CI, 2026-11-27).
-  // Only for that provider (`net`, and `tcp` alone, its name from 1.18 on): the others lock
-  // their maps, and ran for weeks of CI without it.
+  // exclusively while a memory region is registered or closed (RegionChange). Progress checks
+  // the key of each incoming RMA against the domain's map. libfabric 1.17's net provider
+  // changes that map under no lock that progress also takes: its domain lock is
+  // OFI_LOCK_NONE, which is all fi_close of a region takes; registration takes the domain's
+  // progress lock, which (in the upstream sources read) is not the lock RDM progress holds.
+  // That corrupted the map (SIGSEGV in ofi_mr_map_verify, ft.linkcut in CI, 2026-11-27).
+  // This holds only while net's progress runs inside our calls, not on a thread of its own;
+  // FabricTest.RegionsComeAndGoWhileAPeersRmaIsChecked shows it does on 1.17 (it fails
+  // without this lock, passes with it).
+  // On for `net` and for `tcp` alone (net's name from 1.18 on; upstream later closes regions
+  // under the progress lock, libfabric PR 8817). On net the lock cost nothing measurable.
+  // Off for tcp;ofi_rxm and shm: with it off, that test passed on both in every run in which
+  // it failed on net, and no CI run since 2026-11-22 crashed on them.
   bool exclude_regions = false;
-  std::shared_mutex provider_mu;
-  std::atomic<int> region_changes{0};  // RegionChanges waiting or under way: CQ readers step aside
-  bool can_block = false;              // the CQ has a wait object (fi_cq_sread / fi_cq_signal work)
+  WriterFirstLock provider_mu;
+  bool can_block = false;  // the CQ has a wait object (fi_cq_sread / fi_cq_signal work)
 
   Handles() = default;
   Handles(const Handles&) = delete;
@@ -42,8 +68,8 @@ struct Handles {
   ~Handles();
 };
 
-// Holds h.provider_mu exclusively for opening or closing a memory region; CQ readers step
-// aside and a blocking read is woken, so the wait is for provider calls under way.
+// Holds h.provider_mu exclusively for registering or closing a memory region. A blocking CQ
+// read is woken first, so the wait is for the provider calls under way.
 class RegionChange {
  public:
   explicit RegionChange(Handles& h);
@@ -59,7 +85,7 @@ class RegionChange {
 template <class F>
 auto InProvider(Handles& h, F&& f) {
   if (!h.exclude_regions) return std::forward<F>(f)();
-  std::shared_lock<std::shared_mutex> lock(h.provider_mu);
+  std::shared_lock<WriterFirstLock> lock(h.provider_mu);
   return std::forward<F>(f)();
 }
 

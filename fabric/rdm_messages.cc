@@ -403,10 +403,7 @@ Result<Event> RdmEndpoint::Next(Micros timeout) {
       for (unsigned polls = 1; events_pending_ == 0 && Clock::now() < spin_end; ++polls) {
         // Politely, but a reader kept out by posters for long reads anyway (they wait for it).
         const bool polite = polls % 64 != 0;
-        std::unique_lock<std::mutex> cq(cq_mu_, std::defer_lock);
-        // A memory region opening or closing waits for CQ reads to end (handles.h): leave it a
-        // gap, though not for ever.
-        if (h_->region_changes.load() == 0 || !polite) cq.try_lock();
+        std::unique_lock<std::mutex> cq(cq_mu_, std::try_to_lock);
         if (cq.owns_lock()) {
           const ssize_t n = ReadCq(entries, polite);
           if (n > 0) {

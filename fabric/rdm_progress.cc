@@ -52,7 +52,6 @@ ssize_t RdmEndpoint::PostBetweenReads(const std::function<ssize_t()>& post) {
 void RdmEndpoint::ProgressLoop() {
   fi_cq_data_entry entries[kCqBatch];
   auto last_activity = Clock::now();
-  unsigned stepped_aside = 0;
   for (unsigned reads = 1; !stop_; ++reads) {
     if (cq_callers_.load() > 0) {
       // A caller in Next() reads the CQ and posts what was deferred. This thread naps: spinning
@@ -61,12 +60,6 @@ void RdmEndpoint::ProgressLoop() {
       progress_hot_.store(true);
       std::this_thread::sleep_for(kCallerNap);
       last_activity = Clock::now();
-      continue;
-    }
-    if (h_->region_changes.load() > 0 && ++stepped_aside % 64 != 0) {
-      // A memory region opening or closing waits for CQ reads to end (handles.h): leave it a
-      // gap, though not for ever.
-      std::this_thread::yield();
       continue;
     }
     std::unique_lock<std::mutex> cq(cq_mu_);
@@ -86,7 +79,7 @@ void RdmEndpoint::ProgressLoop() {
       // A caller that started reading in Next() just now found this thread hot and did not
       // kick it: it must not find the CQ held through the wait below (seq_cst: the caller
       // counts itself, then looks at progress_hot_; this thread the reverse).
-      if (cq_callers_.load() > 0 || h_->region_changes.load() > 0) continue;
+      if (cq_callers_.load() > 0) continue;
       // Not polling any more: a send handed over before the flag fell goes first (one handed
       // over after it comes with a Kick, which ends the wait below).
       if (deferred_) RetryDeferred();

@@ -54,6 +54,13 @@ uint16_t PickFreePort() {
   return port;
 }
 
+// A lock call that fails is a bug (a reader taking it twice, a corrupt lock): stop, loudly.
+void MustLock(int e, const char* what) {
+  if (e == 0) return;
+  log::Error("fabric: {}: {}", what, std::strerror(e));
+  std::abort();
+}
+
 }  // namespace
 
 Status FiError(Code code, const std::string& what, int fi_ret) {
@@ -67,20 +74,34 @@ void CloseFid(fid* f, const char* what) {
   if (r != 0) log::Warn("fabric: closing {}: {}", what, fi_strerror(-r));
 }
 
+WriterFirstLock::WriterFirstLock() {
+  pthread_rwlockattr_t attr;
+  MustLock(pthread_rwlockattr_init(&attr), "pthread_rwlockattr_init");
+  MustLock(pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP),
+           "pthread_rwlockattr_setkind_np");
+  MustLock(pthread_rwlock_init(&rw_, &attr), "pthread_rwlock_init");
+  pthread_rwlockattr_destroy(&attr);
+}
+
+WriterFirstLock::~WriterFirstLock() { pthread_rwlock_destroy(&rw_); }
+void WriterFirstLock::lock() { MustLock(pthread_rwlock_wrlock(&rw_), "pthread_rwlock_wrlock"); }
+void WriterFirstLock::unlock() { MustLock(pthread_rwlock_unlock(&rw_), "pthread_rwlock_unlock"); }
+void WriterFirstLock::lock_shared() { MustLock(pthread_rwlock_rdlock(&rw_), "pthread_rwlock_rdlock"); }
+void WriterFirstLock::unlock_shared() { MustLock(pthread_rwlock_unlock(&rw_), "pthread_rwlock_unlock"); }
+
 RegionChange::RegionChange(Handles& h) : h_(h) {
   if (!h_.exclude_regions) return;
-  h_.region_changes.fetch_add(1);
   if (h_.can_block && h_.cq != nullptr) {
-    int r = fi_cq_signal(h_.cq);  // out of a blocking read, which holds provider_mu
+    // Out of a blocking read, which holds provider_mu shared (the signal is kept for a read
+    // about to start).
+    int r = fi_cq_signal(h_.cq);
     if (r != 0) log::Debug("fabric: fi_cq_signal: {}", fi_strerror(-r));
   }
   h_.provider_mu.lock();
 }
 
 RegionChange::~RegionChange() {
-  if (!h_.exclude_regions) return;
-  h_.provider_mu.unlock();
-  h_.region_changes.fetch_sub(1);
+  if (h_.exclude_regions) h_.provider_mu.unlock();
 }
 
 Handles::~Handles() {
@@ -267,9 +288,9 @@ Result<Buffer> RdmEndpoint::NewBuffer(size_t bytes) {
 }
 
 void RdmEndpoint::FreeBuffer(Buffer& b) {
-  // Not a RegionChange (nor is NewBuffer's registration): these run under mu_, and posts
-  // take provider_mu under it. Only a provider that wants FI_MR_LOCAL registers send and
-  // receive buffers, and net, whose key map needs RegionChange, does not.
+  // Not a RegionChange (nor is NewBuffer's registration): only a provider that wants
+  // FI_MR_LOCAL registers send and receive buffers, and net, whose key map needs
+  // RegionChange, does not.
   CloseFid(b.mr ? &b.mr->fid : nullptr, "buffer region");
   b.mr = nullptr;
   b.data.reset();

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -475,11 +476,12 @@ TEST_P(FabricTest, RegionsComeAndGoWhileAPeersRmaIsChecked) {
   stop.store(true);
   rma.join();
   out.join();
-  EXPECT_GT(transfers.load(), 20);
+  std::printf("%d transfers, %d regions churned, %d connects out\n", transfers.load(), churned, connects.load());
+  EXPECT_GT(transfers.load(), 500);
   if (connect_out) {
     EXPECT_GT(connects.load(), 2);
   }
-  EXPECT_GT(churned, 200);
+  EXPECT_GT(churned, 2000);
   // The data still lands where it should.
   auto data = Pattern(4096, 9);
   std::memcpy(local.data(), data.data(), data.size());
