@@ -8,7 +8,6 @@
 
 #include <pthread.h>
 
-#include <mutex>
 #include <shared_mutex>
 #include <string>
 #include <utility>
@@ -67,6 +66,10 @@ struct Handles {
   Handles& operator=(const Handles&) = delete;
   ~Handles();
 };
+
+// Wakes a blocking fi_cq_sread on h.cq; the signal is kept for a read about to start. Nothing
+// without a wait object.
+void SignalCq(Handles& h);
 
 // Holds h.provider_mu exclusively for registering or closing a memory region. A blocking CQ
 // read is woken first, so the wait is for the provider calls under way.

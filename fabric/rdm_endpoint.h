@@ -158,6 +158,9 @@ class RdmEndpoint final : public Endpoint {
   // !wait fails at once (kTimeout).
   Result<Buffer> TakeBuffer(Clock::time_point deadline, bool wait = true);
   void ReleaseBuffer(Buffer b);
+  // A queued frame (op's buffer, length and address) or a receive buffer, to the provider.
+  ssize_t PostSend(SendOp& op);
+  ssize_t PostRecv(RecvSlot& slot);
   void Repost(RecvSlot* slot);
   void SendBye(fi_addr_t addr, uint64_t conn_id);
   void OnReceive(RecvSlot* slot, size_t len);

@@ -127,8 +127,7 @@ void RdmEndpoint::Close(PeerId peer) {
         continue;
       }
       c->deferred -= op->len;
-      auto send = [&] { return fi_send(h_->ep, op->buf.data.get(), op->len, op->buf.desc, op->addr, &op->fi); };
-      if (InProvider(*h_, send) == 0) {
+      if (PostSend(*op) == 0) {
         sends_in_flight_.insert(it->release());
       } else {
         ReleaseBuffer(std::move(op->buf));
@@ -573,11 +572,19 @@ void RdmEndpoint::QueueControl(fi_addr_t addr, PeerId peer, const wire::Header& 
   deferred_ = true;
 }
 
-void RdmEndpoint::Repost(RecvSlot* slot) {
-  ssize_t r = InProvider(*h_, [&] {
-    return fi_recv(h_->ep, slot->buf.data.get(), wire::kHeaderSize + max_message_, slot->buf.desc, FI_ADDR_UNSPEC,
-                   &slot->fi);
+ssize_t RdmEndpoint::PostSend(SendOp& op) {
+  return InProvider(*h_, [&] { return fi_send(h_->ep, op.buf.data.get(), op.len, op.buf.desc, op.addr, &op.fi); });
+}
+
+ssize_t RdmEndpoint::PostRecv(RecvSlot& slot) {
+  return InProvider(*h_, [&] {
+    return fi_recv(h_->ep, slot.buf.data.get(), wire::kHeaderSize + max_message_, slot.buf.desc, FI_ADDR_UNSPEC,
+                   &slot.fi);
   });
+}
+
+void RdmEndpoint::Repost(RecvSlot* slot) {
+  ssize_t r = PostRecv(*slot);
   if (r == -FI_EAGAIN) {
     recv_deferred_.push_back(slot);
     deferred_ = true;

@@ -20,11 +20,7 @@ constexpr auto kCallerNap = std::chrono::microseconds(20);  // sleep while a cal
 
 }  // namespace
 
-void RdmEndpoint::Kick() {
-  if (!h_->can_block) return;
-  int r = fi_cq_signal(h_->cq);
-  if (r != 0) log::Debug("fabric: fi_cq_signal: {}", fi_strerror(-r));
-}
+void RdmEndpoint::Kick() { SignalCq(*h_); }
 
 ssize_t RdmEndpoint::ReadCq(fi_cq_data_entry* entries, bool polite) {
   // seq_cst on both sides (posting_ then reading_ here, the reverse there): a reader and a
@@ -195,8 +191,7 @@ void RdmEndpoint::RetryDeferred() {
     }
     // A caller's frame for a peer closed or lost meanwhile is dropped, as a Send then fails.
     Conn* c = op->handed_off ? FindConn(op->peer) : nullptr;
-    auto send = [&] { return fi_send(h_->ep, op->buf.data.get(), op->len, op->buf.desc, op->addr, &op->fi); };
-    ssize_t r = op->handed_off && (c == nullptr || c->state != Conn::State::kUp) ? -FI_ENOTCONN : InProvider(*h_, send);
+    ssize_t r = op->handed_off && (c == nullptr || c->state != Conn::State::kUp) ? -FI_ENOTCONN : PostSend(*op);
     if (r == -FI_EAGAIN && op->handed_off && now >= op->deadline) {
       // The peer took nothing for send_timeout (dead, or frozen): lost, with what waits for it.
       PeerFailed(op->peer, Status(Code::kTimeout, "fi_send: no progress (-FI_EAGAIN) before the deadline"));

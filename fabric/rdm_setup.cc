@@ -89,14 +89,15 @@ void WriterFirstLock::unlock() { MustLock(pthread_rwlock_unlock(&rw_), "pthread_
 void WriterFirstLock::lock_shared() { MustLock(pthread_rwlock_rdlock(&rw_), "pthread_rwlock_rdlock"); }
 void WriterFirstLock::unlock_shared() { MustLock(pthread_rwlock_unlock(&rw_), "pthread_rwlock_unlock"); }
 
+void SignalCq(Handles& h) {
+  if (!h.can_block || h.cq == nullptr) return;
+  int r = fi_cq_signal(h.cq);
+  if (r != 0) log::Debug("fabric: fi_cq_signal: {}", fi_strerror(-r));
+}
+
 RegionChange::RegionChange(Handles& h) : h_(h) {
   if (!h_.exclude_regions) return;
-  if (h_.can_block && h_.cq != nullptr) {
-    // Out of a blocking read, which holds provider_mu shared (the signal is kept for a read
-    // about to start).
-    int r = fi_cq_signal(h_.cq);
-    if (r != 0) log::Debug("fabric: fi_cq_signal: {}", fi_strerror(-r));
-  }
+  SignalCq(h_);  // out of a blocking read, which holds provider_mu shared
   h_.provider_mu.lock();
 }
 
@@ -302,10 +303,7 @@ Status RdmEndpoint::PostReceives(int count) {
     auto buf = NewBuffer();
     if (!buf.ok()) return buf.status();
     slot->buf = std::move(*buf);
-    int r = InProvider(*h_, [&] {
-      return fi_recv(h_->ep, slot->buf.data.get(), wire::kHeaderSize + max_message_, slot->buf.desc, FI_ADDR_UNSPEC,
-                     &slot->fi);
-    });
+    ssize_t r = PostRecv(*slot);
     if (r != 0) return FiError(Code::kInternal, "fi_recv", static_cast<int>(r));
     recv_slots_.push_back(std::move(slot));
   }
