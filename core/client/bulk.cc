@@ -68,11 +68,13 @@ Status WriteBuffer(Session& s, ir::BufferWriteReq req, const void* src, bool blo
   auto completion = blocking ? std::make_shared<Completion>() : nullptr;
   std::shared_ptr<fabric::MemoryRegion> region = std::move(mr).value();
   // The server answers once it has pulled the data; only then may the region go.
-  s.Post(req, [region, completion, done = std::move(done)](const Status& st, ir::BufferWriteRep&&) mutable {
+  auto reply = [region, completion, done = std::move(done)](const Status& st, ir::BufferWriteRep&&) mutable {
     region.reset();
     if (done) done(st);
     if (completion) completion->Set(st);
-  });
+  };
+  if (blocking) s.PostAwaited(req, std::move(reply));
+  else s.Post(req, std::move(reply));
   if (!blocking) return s.Flush();
   s.Flush();
   return completion->Wait();
@@ -95,8 +97,8 @@ Status ReadBuffer(Session& s, ir::BufferReadReq req, void* dst, bool blocking,
     req.remote = {};
   }
   const uint64_t size = req.size;
-  s.Post(req, [region, completion, dst, size, done = std::move(done)](const Status& st,
-                                                                      ir::BufferReadRep&& rep) mutable {
+  auto reply = [region, completion, dst, size, done = std::move(done)](const Status& st,
+                                                                        ir::BufferReadRep&& rep) mutable {
     Status result = st;
     if (result.ok() && !region) {
       if (rep.data.size() != size)
@@ -108,7 +110,9 @@ Status ReadBuffer(Session& s, ir::BufferReadReq req, void* dst, bool blocking,
     region.reset();
     if (done) done(result);
     if (completion) completion->Set(result);
-  });
+  };
+  if (blocking) s.PostAwaited(req, std::move(reply));
+  else s.Post(req, std::move(reply));
   Status st = s.Flush();
   if (!blocking) return st;
   return completion->Wait();

@@ -97,7 +97,13 @@ SessionImpl::SessionImpl(fabric::Endpoint* ep, fabric::PeerId peer, std::string 
       backend_(std::move(backend)),
       wake_flusher_(std::move(wake_flusher)), session_key_(session_key) {}
 
-uint64_t SessionImpl::PostRaw(uint16_t opcode, std::vector<uint8_t> payload, RawReplyFn fn) {
+namespace {
+std::atomic<bool> g_helper_threads{false};
+}  // namespace
+
+void NoteHelperThreads() { g_helper_threads.store(true); }
+
+uint64_t SessionImpl::Queue(uint16_t opcode, std::vector<uint8_t> payload, RawReplyFn fn, bool awaited) {
   std::unique_lock<std::mutex> lock(mu_);
   if (!health_.ok()) {
     Status why = health_;
@@ -126,9 +132,16 @@ uint64_t SessionImpl::PostRaw(uint16_t opcode, std::vector<uint8_t> payload, Raw
   bool was_empty = batch_.empty();
   const Clock::time_point now = Clock::now();
   if (was_empty) batch_started_ = now;
-  if (opcode != static_cast<uint16_t>(ir::Opcode::kPing) && opcode != static_cast<uint16_t>(ir::Opcode::kWarm))
+  if (opcode != static_cast<uint16_t>(ir::Opcode::kPing) && opcode != static_cast<uint16_t>(ir::Opcode::kWarm)) {
     NoteUse(opcode, payload);
-  batch_.AddRaw(opcode, fn ? ir::kRecordWantReply : 0, seq, payload);
+    const std::thread::id me = std::this_thread::get_id();
+    if (poster_ == std::thread::id{}) poster_ = me;
+    else if (poster_ != me) many_posters_ = true;
+  }
+  uint16_t flags = fn ? ir::kRecordWantReply : 0;
+  if (awaited && fn && !many_posters_ && !g_helper_threads.load(std::memory_order_relaxed))
+    flags |= ir::kRecordCallerWaits;
+  batch_.AddRaw(opcode, flags, seq, payload);
   Stats::Get().calls[opcode].fetch_add(1, std::memory_order_relaxed);
   if (fn) pending_.emplace(seq, std::move(fn));
   // A batch that has waited long enough leaves with this command, sent by the posting
@@ -201,8 +214,8 @@ Status PostAndWait(Session& s, uint16_t opcode, std::vector<uint8_t> payload, st
   // A Completion: with keepalive on, the caller looks for the reply a moment before sleeping
   // (a synchronize's wake-up from the kernel costs as much as its round trip's tail).
   auto done = std::make_shared<Completion>();
-  s.PostRaw(opcode, std::move(payload),
-            [done](const Status& st, std::span<const uint8_t> fields) { done->Set(st, fields); });
+  s.PostRawAwaited(opcode, std::move(payload),
+                   [done](const Status& st, std::span<const uint8_t> fields) { done->Set(st, fields); });
   s.Flush();
   Status st = done->Wait();
   if (reply_fields) *reply_fields = std::move(done->fields());

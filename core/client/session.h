@@ -9,6 +9,7 @@
 #include <span>
 #include <vector>
 #include <mutex>
+#include <thread>
 
 #include "tandem/client/runtime.h"
 
@@ -58,7 +59,12 @@ class SessionImpl final : public Session {
   const std::string& server() const override { return server_; }
   const std::string& backend() const override { return backend_; }
   const std::string& worker_address() const override { return worker_address_; }
-  uint64_t PostRaw(uint16_t opcode, std::vector<uint8_t> payload, RawReplyFn fn) override;
+  uint64_t PostRaw(uint16_t opcode, std::vector<uint8_t> payload, RawReplyFn fn) override {
+    return Queue(opcode, std::move(payload), std::move(fn), false);
+  }
+  uint64_t PostRawAwaited(uint16_t opcode, std::vector<uint8_t> payload, RawReplyFn fn) override {
+    return Queue(opcode, std::move(payload), std::move(fn), true);
+  }
   Status Flush() override;
   Status CallRaw(uint16_t opcode, std::vector<uint8_t> payload, std::vector<uint8_t>* reply_fields) override;
   Result<std::unique_ptr<fabric::MemoryRegion>> Register(const void* addr, size_t len, uint32_t access) override;
@@ -93,6 +99,8 @@ class SessionImpl final : public Session {
   void set_lost_hook(std::function<void(SessionImpl*)> hook) { lost_hook_ = std::move(hook); }
 
  private:
+  // PostRaw; `awaited`: PostRawAwaited.
+  uint64_t Queue(uint16_t opcode, std::vector<uint8_t> payload, RawReplyFn fn, bool awaited);
   void ForwardOutput(std::span<const uint8_t> payload);
   Status FlushLocked(std::unique_lock<std::mutex>& lock);
 
@@ -129,6 +137,10 @@ class SessionImpl final : public Session {
   uint32_t warm_paths_ = 0;
   std::vector<uint64_t> warm_devices_;
   Clock::time_point last_program_{};
+  // The thread that posted the program's commands (all but Ping and Warm), while only one
+  // has; set for good once a second one posts (PostRawAwaited).
+  std::thread::id poster_{};
+  bool many_posters_ = false;
   int warm_left_ = 0;  // replies of the current keepalive round still to come
 
   // ---- transient link loss (resumable sessions) ----

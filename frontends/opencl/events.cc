@@ -418,6 +418,9 @@ cl_int GetEventProfilingInfo(cl_event e, cl_profiling_info param, size_t size, v
 cl_int SetEventCallback(cl_event e, cl_int type, void(CL_CALLBACK* fn)(cl_event, cl_int, void*), void* data) {
   if (!Valid(e)) return CL_INVALID_EVENT;
   if (!fn || (type != CL_COMPLETE && type != CL_RUNNING && type != CL_SUBMITTED)) return CL_INVALID_VALUE;
+  // The watcher posts from its own thread, and the callback, on another, may call OpenCL:
+  // neither may queue behind a wait of the program's on the server.
+  client::NoteHelperThreads();
   client::Session& s = e->session();
   // Once flushed, a command is submitted: that is all a CL_SUBMITTED callback waits for.
   if (type == CL_SUBMITTED && e->completion != _cl_event::Completion::kUser) s.Flush();

@@ -321,6 +321,9 @@ _cl_mem::~_cl_mem() {
     uint64_t reads_before = 0;
   };
   std::vector<Mark> marks;
+  // The thread below posts, and the callbacks may call OpenCL: neither may queue behind a
+  // wait of the program's on the server.
+  if (!destructors.empty()) tandem::client::NoteHelperThreads();
   for (const auto& [q, stream] : destructors.empty() ? decltype(used_by){} : used_by) {
     if (!Registry<_cl_command_queue>::TryHoldLive(q)) continue;  // gone, and its stream with it
     Mark m{Held<_cl_command_queue>(q), tandem::client::Runtime::Get().NewHandle(), 0};

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <mutex>
 #include <thread>
 
@@ -115,6 +116,68 @@ TEST(SessionLiveness, SilenceCountsFromTheProbeNotFromTheLastAnswer) {
   EXPECT_TRUE(s.health().ok()) << s.health().ToString();
   s.Tick(back + FailoverTimeout() + 1ms);  // unanswered for the whole timeout: lost
   EXPECT_FALSE(s.health().ok());
+}
+
+constexpr auto kStreamSync = static_cast<uint16_t>(ir::Opcode::kStreamSync);
+
+// The flags of the one record of the newest batch sent.
+uint16_t LastFlags(RecordingEndpoint& ep) {
+  auto batches = ep.Batches();
+  EXPECT_FALSE(batches.empty());
+  if (batches.empty() || batches.back().size() != 1) {
+    ADD_FAILURE() << "expected one record in the newest batch";
+    return 0;
+  }
+  return batches.back()[0].header.flags;
+}
+
+// A wait the program's only posting thread makes (PostRawAwaited, as CallRaw does) tells the
+// server that nothing else comes until its reply (kRecordCallerWaits), so the server may wait
+// on its executor. A posted reply is no such wait, and once a second thread has posted to
+// the session it may post during any later wait: never again.
+TEST(SessionCallerWaits, OnlyAwaitedRepliesOfASessionWithOnePostingThread) {
+  RecordingEndpoint ep;
+  SessionImpl s(&ep, 1, "recording", "", "opencl", [] {});
+  const std::vector<uint8_t> sync = ir::Encode(ir::StreamSyncReq{7});
+  auto ignore = [](const Status&, std::span<const uint8_t>) {};
+  s.PostRawAwaited(kStreamSync, sync, ignore);
+  ASSERT_TRUE(s.Flush().ok());
+  EXPECT_EQ(LastFlags(ep), ir::kRecordWantReply | ir::kRecordCallerWaits);
+  s.PostRaw(kStreamSync, sync, ignore);  // its reply runs a function; nobody waits for it
+  ASSERT_TRUE(s.Flush().ok());
+  EXPECT_EQ(LastFlags(ep), ir::kRecordWantReply);
+  // Pings and keepalive come from the runtime's own thread: they are not the program's.
+  std::thread([&] { s.PostRaw(static_cast<uint16_t>(ir::Opcode::kPing), ir::Encode(ir::PingReq{1}), ignore); }).join();
+  s.PostRawAwaited(kStreamSync, sync, ignore);
+  ASSERT_TRUE(s.Flush().ok());
+  EXPECT_EQ(LastFlags(ep), ir::kRecordWantReply | ir::kRecordCallerWaits);
+  std::thread([&] {
+    s.PostRaw(kLaunch, LaunchPayload(1), nullptr);
+    ASSERT_TRUE(s.Flush().ok());
+  }).join();
+  s.PostRawAwaited(kStreamSync, sync, ignore);
+  ASSERT_TRUE(s.Flush().ok());
+  EXPECT_EQ(LastFlags(ep), ir::kRecordWantReply);
+}
+
+// Once the front end runs threads of its own (callbacks), no session marks a wait. The
+// setting is for the whole process: checked in a child process of its own.
+TEST(SessionCallerWaits, NoneOnceTheFrontEndRunsHelperThreads) {
+  EXPECT_EXIT(
+      {
+        RecordingEndpoint ep;
+        SessionImpl s(&ep, 1, "recording", "", "opencl", [] {});
+        auto ignore = [](const Status&, std::span<const uint8_t>) {};
+        s.PostRawAwaited(kStreamSync, ir::Encode(ir::StreamSyncReq{7}), ignore);
+        (void)s.Flush();
+        const bool before = LastFlags(ep) & ir::kRecordCallerWaits;
+        NoteHelperThreads();
+        s.PostRawAwaited(kStreamSync, ir::Encode(ir::StreamSyncReq{7}), ignore);
+        (void)s.Flush();
+        const bool after = LastFlags(ep) & ir::kRecordCallerWaits;
+        std::_Exit(before && !after ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
 }
 
 }  // namespace

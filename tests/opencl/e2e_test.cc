@@ -830,6 +830,128 @@ TEST_F(Tandem, DestructorCallbackWaitsForQueuedCommands) {
   clReleaseEvent(gate);
 }
 
+// ---- one thread's wait holds nothing else of the program's -------------------------------
+// A single-threaded program's clFinish may be waited for on the server's executor, as CUDA's
+// synchronize is (kRecordCallerWaits); then nothing else of the session runs there until it
+// returns. These two programs must not get that: their other thread, or callback, has to run
+// meanwhile, as natively.
+
+constexpr const char* kSpinSource = R"CLC(
+__kernel void spin(__global float* out, int n) {
+  float x = out[0];
+  for (int i = 0; i < n; ++i) x = x * 0.999999f + 1.0f;
+  out[0] = x;
+}
+)CLC";
+
+class TandemSpin : public Tandem {
+ protected:
+  void SetUp() override {
+    Tandem::SetUp();
+    if (HasFatalFailure()) return;
+    program_ = Build(kSpinSource);
+    kernel_ = Kernel(program_, "spin");
+    out_ = Buffer(CL_MEM_READ_WRITE, sizeof(float));
+    const float zero = 0;
+    ASSERT_EQ(clEnqueueWriteBuffer(queue_, out_, CL_TRUE, 0, sizeof zero, &zero, 0, nullptr, nullptr), CL_SUCCESS);
+    // A single work-item's loop that takes a quarter of a second or more on this device.
+    for (n_ = 1 << 20; n_ < (1 << 30); n_ *= 2) {
+      spin_s_ = Spin(n_);
+      if (spin_s_ >= 0.25) break;
+    }
+    ASSERT_GE(spin_s_, 0.1) << "no loop of up to 2^30 steps took long enough here";
+  }
+  void TearDown() override {
+    if (out_) clReleaseMemObject(out_);
+    if (kernel_) clReleaseKernel(kernel_);
+    if (program_) clReleaseProgram(program_);
+    Tandem::TearDown();
+  }
+  // Enqueues the loop of n steps on queue_ (event: its event, or nullptr).
+  void EnqueueSpin(int n, cl_event* event = nullptr) {
+    ASSERT_EQ(clSetKernelArg(kernel_, 0, sizeof out_, &out_), CL_SUCCESS);
+    ASSERT_EQ(clSetKernelArg(kernel_, 1, sizeof n, &n), CL_SUCCESS);
+    const size_t one = 1;
+    ASSERT_EQ(clEnqueueNDRangeKernel(queue_, kernel_, 1, nullptr, &one, &one, 0, nullptr, event), CL_SUCCESS);
+  }
+  // Seconds for the loop of n steps and a clFinish.
+  double Spin(int n) {
+    const auto t0 = std::chrono::steady_clock::now();
+    EnqueueSpin(n);
+    EXPECT_EQ(clFinish(queue_), CL_SUCCESS);
+    return Seconds(t0);
+  }
+  static double Seconds(std::chrono::steady_clock::time_point since) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+  }
+
+  cl_program program_ = nullptr;
+  cl_kernel kernel_ = nullptr;
+  cl_mem out_ = nullptr;
+  int n_ = 0;
+  double spin_s_ = 0;
+};
+
+// While one thread waits in clFinish for a long kernel, another thread's call that the server
+// answers at once (a program's binary) is answered at once.
+TEST_F(TandemSpin, OneThreadsFinishDoesNotHoldAnotherThreadsCalls) {
+  std::atomic<bool> ready{false}, waiting{false};
+  double other_s = -1;
+  std::thread other([&] {
+    cl_program p = Build(kSpinSource);  // this thread's first commands: before the wait below
+    ready = true;
+    while (!waiting) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::this_thread::sleep_for(std::chrono::duration<double>(spin_s_ / 4));
+    const auto t0 = std::chrono::steady_clock::now();
+    size_t size = 0;
+    EXPECT_EQ(clGetProgramInfo(p, CL_PROGRAM_BINARY_SIZES, sizeof size, &size, nullptr), CL_SUCCESS);
+    other_s = Seconds(t0);
+    EXPECT_GT(size, 0u);
+    clReleaseProgram(p);
+  });
+  while (!ready) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EnqueueSpin(n_);
+  ASSERT_EQ(clFlush(queue_), CL_SUCCESS);
+  waiting = true;
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(clFinish(queue_), CL_SUCCESS);
+  const double finish_s = Seconds(t0);
+  other.join();
+  // Held behind the wait it would take the rest of the loop: three quarters of it.
+  EXPECT_LT(other_s, spin_s_ / 2) << "the other thread's call took " << other_s << " s while clFinish took "
+                                  << finish_s << " s (the loop alone: " << spin_s_ << " s)";
+}
+
+// A callback on a short kernel queued before a long one fires when the short one is done,
+// not when the program's clFinish of both returns.
+TEST_F(TandemSpin, ACallbackIsNotHeldByTheProgramsFinish) {
+  struct Fired {
+    std::atomic<bool> done{false};
+    std::chrono::steady_clock::time_point at;
+  } fired;
+  cl_event short_one = nullptr;
+  EnqueueSpin(1, &short_one);
+  ASSERT_EQ(clSetEventCallback(
+                short_one, CL_COMPLETE,
+                [](cl_event, cl_int, void* p) {
+                  auto* f = static_cast<Fired*>(p);
+                  f->at = std::chrono::steady_clock::now();
+                  f->done = true;
+                },
+                &fired),
+            CL_SUCCESS);
+  EnqueueSpin(n_);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(clFinish(queue_), CL_SUCCESS);
+  const double finish_s = Seconds(t0);
+  for (int i = 0; i < 500 && !fired.done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_TRUE(fired.done);
+  const double fired_s = std::chrono::duration<double>(fired.at - t0).count();
+  EXPECT_LT(fired_s, spin_s_ / 2) << "the callback fired " << fired_s << " s into a clFinish of " << finish_s
+                                  << " s (the loop alone: " << spin_s_ << " s)";
+  clReleaseEvent(short_one);
+}
+
 TEST_F(Tandem, ReferenceCounts) {
   EXPECT_EQ(RefCount(context_, clGetContextInfo, cl_context_info{CL_CONTEXT_REFERENCE_COUNT}), 1u);
   ASSERT_EQ(clRetainContext(context_), CL_SUCCESS);

@@ -452,6 +452,39 @@ TEST_F(OpenCLBackendTest, TransferGateFailedDuringTheEnqueueStillEndsTheCommand)
   EXPECT_EQ(Read(1, 0, 4), (ir::bytes{7, 7, 7, 7}));
 }
 
+// A deferred wait may run on the executor only while nothing enqueued can wait on what the
+// session sets later: a live user event (the program's, or an import's stand-in) or a
+// server-to-server gate. Events that are not user events do not count.
+TEST_F(OpenCLBackendTest, EnqueuedCompleteAloneWithoutUserEventsOrGates) {
+  EXPECT_TRUE(be_->EnqueuedCompleteAlone());
+  ir::EventCreateRep erep;
+  ASSERT_TRUE(be_->OnEventCreate({60, 0, 0}, &erep).ok());
+  EXPECT_TRUE(be_->EnqueuedCompleteAlone());
+  ASSERT_TRUE(be_->OnEventCreate({61, 0, ir::kEventUser}, &erep).ok());
+  ASSERT_TRUE(be_->OnEventCreate({62, 0, ir::kEventUser}, &erep).ok());
+  EXPECT_FALSE(be_->EnqueuedCompleteAlone());
+  // A second create of a live handle is refused and counts nothing.
+  EXPECT_FALSE(be_->OnEventCreate({61, 0, ir::kEventUser}, &erep).ok());
+  ir::EventDestroyRep drep;
+  ASSERT_TRUE(be_->OnEventDestroy({61}, &drep).ok());
+  EXPECT_FALSE(be_->EnqueuedCompleteAlone());
+  ASSERT_TRUE(be_->OnEventDestroy({62}, &drep).ok());
+  EXPECT_FALSE(be_->OnEventDestroy({62}, &drep).ok());
+  ASSERT_TRUE(be_->OnEventDestroy({60}, &drep).ok());
+  EXPECT_TRUE(be_->EnqueuedCompleteAlone());
+  // A gate, even released, keeps every later wait on the waiter.
+  Alloc(1, 64);
+  auto pending = be_->WriteFromHost(0, 1, 0, 64, {}, 63);
+  ASSERT_TRUE(pending.ok()) << pending.status().ToString();
+  EXPECT_FALSE(be_->EnqueuedCompleteAlone());
+  std::fill_n(pending->staging->data(), 64, uint8_t{5});
+  pending->release(Status::Ok());
+  ir::EventWaitRep wait;
+  ASSERT_TRUE(be_->OnEventWait({{63}}, &wait).ok());
+  EXPECT_EQ(wait.statuses, ir::i32s{CL_COMPLETE});
+  EXPECT_FALSE(be_->EnqueuedCompleteAlone());
+}
+
 // The pool itself: 16 distinct slots, none when all are out, each back when its last
 // reference goes (copies included), and a slot still out keeps the pool mapped.
 TEST(ReadSlotsPool, TakeUntilEmptyAndGiveBack) {

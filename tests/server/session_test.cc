@@ -268,10 +268,17 @@ TEST_F(SessionTest, GoodbyeEndsTheBatch) {
 class DeferringBackend : public test::MemoryBackend {
  public:
   std::vector<bool> seen;
+  bool alone = false;       // EnqueuedCompleteAlone
+  int waits_run = 0;        // deferred waits that ran
+  Status wait_status;       // what each returns
   Status OnStreamSync(const ir::StreamSyncReq&, ir::StreamSyncRep*) override {
     seen.push_back(wait_runs_next());
-    return ReplyLater([] { return Status::Ok(); });
+    return ReplyLater([this] {
+      ++waits_run;
+      return wait_status;
+    });
   }
+  bool EnqueuedCompleteAlone() const override { return alone; }
 };
 
 // Only the last command of a batch, with no late reply before it and the waiter idle, is
@@ -306,6 +313,68 @@ TEST(SessionWaitRunsNext, OnlyTheLastCommandWithAnIdleWaiter) {
   idle = false;
   EXPECT_EQ(run({ir::StreamSyncReq{0}}, false), 1u);
   EXPECT_EQ(backend.seen, std::vector<bool>{false});
+}
+
+// A deferred wait that the client waits for alone (kRecordCallerWaits) and that would run
+// next, with nothing enqueued waiting on the session, runs in place and its reply leaves with
+// the batch (its status included); otherwise it goes to the waiter.
+TEST(SessionWaitInPlace, OnlyWhenTheClientWaitsAloneItRunsNextAndNothingWaitsOnTheSession) {
+  DeferringBackend backend;
+  Session session(&backend, kKey, /*defer_replies=*/true);
+  session.set_waiter_idle([] { return true; });
+  auto run = [&](int syncs, bool attach_first, uint16_t flags = ir::kRecordCallerWaits) {
+    ir::BatchWriter w(ir::BatchKind::kRequests);
+    uint64_t seq = 1;
+    if (attach_first) w.AddRequest(ir::AttachReq{kKey}, seq++);
+    for (int i = 0; i < syncs; ++i) w.AddRequest(ir::StreamSyncReq{0}, 100 + i, flags);
+    backend.waits_run = 0;
+    return session.HandleBatch(w.Finish());
+  };
+  auto replies = [](const BatchOutcome& out) {
+    std::vector<ir::Record> records;
+    if (!out.reply.empty()) {
+      EXPECT_TRUE(ir::ParseBatch(out.reply, ir::BatchKind::kReplies, &records).ok());
+    }
+    return records;
+  };
+  // The backend says a wait may need the session: the waiter, as before.
+  BatchOutcome out = run(1, true);
+  EXPECT_EQ(out.late.size(), 1u);
+  EXPECT_EQ(backend.waits_run, 0);
+  backend.alone = true;
+  // The client did not say it waits alone (a second thread posts, or callbacks run): the
+  // waiter, so that the other thread's commands do not queue behind this wait.
+  out = run(1, false, 0);
+  EXPECT_EQ(out.late.size(), 1u);
+  EXPECT_EQ(backend.waits_run, 0);
+  out = run(1, false);
+  EXPECT_TRUE(out.late.empty());
+  EXPECT_EQ(backend.waits_run, 1);
+  auto r = replies(out);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].header.seq, 100u);
+  ir::ReplyHead head;
+  ir::StreamSyncRep rep;
+  ASSERT_TRUE(ir::DecodeReply(r[0].payload, &head, &rep).ok());
+  EXPECT_TRUE(head.status.ok());
+  // A failed wait's status is the reply's.
+  backend.wait_status = Status(Code::kApiError, "test: the wait failed");
+  out = run(1, false);
+  EXPECT_TRUE(out.late.empty());
+  r = replies(out);
+  ASSERT_EQ(r.size(), 1u);
+  ASSERT_TRUE(ir::DecodeReply(r[0].payload, &head, &rep).ok());
+  EXPECT_EQ(head.status.code(), Code::kApiError);
+  backend.wait_status = Status::Ok();
+  // Two in a batch: the first does not run next, and the second follows a late one.
+  out = run(2, false);
+  EXPECT_EQ(out.late.size(), 2u);
+  EXPECT_EQ(backend.waits_run, 0);
+  // A busy waiter: its earlier replies go first.
+  session.set_waiter_idle([] { return false; });
+  out = run(1, false);
+  EXPECT_EQ(out.late.size(), 1u);
+  EXPECT_EQ(backend.waits_run, 0);
 }
 
 }  // namespace
@@ -473,6 +542,32 @@ TEST_F(SessionHoldTest, ImportHoldsItsWaitersAndAReadWaitsForTheAnswer) {
   ASSERT_EQ(r.size(), 1u);
   EXPECT_EQ(r[0].head.status.code(), Code::kUnknownHandle);  // the held free ran
   EXPECT_TRUE(r[0].head.deferred.empty());
+}
+
+// While the session holds (an import unanswered), a deferred wait stays off the executor even
+// when the backend has nothing waiting on it: the answer is the executor's to run.
+TEST(SessionWaitInPlace, NotWhileTheSessionHolds) {
+  DeferringBackend backend;
+  backend.alone = true;
+  FakePeers peers;
+  Session session(&backend, kKey, /*defer_replies=*/true);
+  session.set_hold(true);
+  session.set_peers(&peers);
+  session.set_waiter_idle([] { return true; });
+  ir::BatchWriter w(ir::BatchKind::kRequests);
+  w.AddRequest(ir::AttachReq{kKey}, 1);
+  w.AddRequest(ir::EventImportReq{60, 0, "peer:1", 99}, 2);
+  w.AddRequest(ir::StreamSyncReq{0}, 3, ir::kRecordCallerWaits);
+  BatchOutcome out = session.HandleBatch(w.Finish());
+  EXPECT_EQ(out.late.size(), 1u);
+  EXPECT_EQ(backend.waits_run, 0);
+  ASSERT_TRUE(peers.imported.contains(99));
+  peers.imported.at(99)(0);
+  session.RunReleased();
+  w.AddRequest(ir::StreamSyncReq{0}, 4, ir::kRecordCallerWaits);
+  out = session.HandleBatch(w.Finish());
+  EXPECT_TRUE(out.late.empty());
+  EXPECT_EQ(backend.waits_run, 1);
 }
 
 // Bytes that never come fail the write and its signal, and so what waits on it; both are

@@ -35,6 +35,7 @@ class CallbackQueue : public std::enable_shared_from_this<CallbackQueue> {
   };
 
   static std::shared_ptr<CallbackQueue> Start() {
+    client::NoteHelperThreads();  // it posts, and the program's callbacks may call CUDA
     auto q = std::make_shared<CallbackQueue>();
     std::thread([q] { q->Run(); }).detach();
     return q;

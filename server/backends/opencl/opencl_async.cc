@@ -298,6 +298,7 @@ Result<PendingWrite> OpenCLBackend::WriteFromHost(uint64_t stream, uint64_t buff
   cl_int err = CL_SUCCESS;
   auto gate = std::make_shared<EventRef>(clCreateUserEvent(st->context, &err));
   if (err != CL_SUCCESS) return ClError(err, "clCreateUserEvent", "server-to-server gate");
+  gated_ = true;  // from now on a wait may need the gate's release: never in place
   e.wait.push_back(gate->get());
   err = clEnqueueCopyBuffer(e.queue, st->tmp->get(), st->buffer->mem.get(), 0, offset, size, e.num_wait(),
                             e.wait_list(), e.signal || TraceClTimes() ? e.event_out(true) : nullptr);

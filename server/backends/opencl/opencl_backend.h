@@ -234,6 +234,9 @@ class OpenCLBackend : public Backend {
   // bench/experiments/opencl_cl_times.sh with ALIGN=1); a command enqueued after its
   // dependencies were met is submitted within microseconds.
   bool HoldsForPeers() const override { return true; }
+  // No live user event (the program's, or an import's stand-in when not holding) and no
+  // server-to-server gate ever made: every enqueued command then waits only on others.
+  bool EnqueuedCompleteAlone() const override { return user_events_ == 0 && !gated_; }
 
   Status OnDeviceInfo(const ir::DeviceInfoReq&, ir::DeviceInfoRep*) override;
   Status OnDeviceSync(const ir::DeviceSyncReq&, ir::DeviceSyncRep*) override;
@@ -352,6 +355,8 @@ class OpenCLBackend : public Backend {
   std::unordered_map<uint64_t, Function> functions_;
   std::unordered_map<uint64_t, Stream> streams_;
   std::unordered_map<uint64_t, Event> events_;
+  int user_events_ = 0;  // entries of events_ that are user events (executor only)
+  bool gated_ = false;   // WriteFromHost made a gate (executor only; never cleared)
   // Guards changes to events_ against OnUserEventSet, which runs on the receive thread;
   // the executor, the only writer, reads without it. Also held from a command's wait-list
   // check to its enqueue (Enqueue::no_failures), so OnUserEventSet fails no event between,

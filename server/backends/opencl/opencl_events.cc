@@ -97,6 +97,7 @@ Status OpenCLBackend::OnEventCreate(const ir::EventCreateReq& req, ir::EventCrea
     ev.event.reset(ce);
     ev.user = true;
   }
+  if (ev.user) ++user_events_;
   std::lock_guard<std::mutex> lock(events_mu_);
   events_[req.event] = std::move(ev);
   return Status::Ok();
@@ -105,6 +106,7 @@ Status OpenCLBackend::OnEventCreate(const ir::EventCreateReq& req, ir::EventCrea
 Status OpenCLBackend::OnEventDestroy(const ir::EventDestroyReq& req, ir::EventDestroyRep*) {
   auto ev = Find(events_, req.event, "event");
   if (!ev.ok()) return ev.status();
+  if (ev.value()->user) --user_events_;
   std::lock_guard<std::mutex> lock(events_mu_);
   events_.erase(req.event);
   return Status::Ok();

@@ -62,6 +62,15 @@ class Session {
   // Queues a command. With a reply function, the server answers it and `fn` runs on the
   // receiver thread; without, failures come back as deferred errors at the next sync.
   virtual uint64_t PostRaw(uint16_t opcode, std::vector<uint8_t> payload, RawReplyFn fn) = 0;
+  // The same for a command whose reply the posting thread waits for before it does anything
+  // else (CallRaw). A session all of whose commands came from that one thread, in a program
+  // whose front end runs no thread of its own that posts or calls back (NoteHelperThreads),
+  // marks it ir::kRecordCallerWaits: nothing else can reach the server's session until the
+  // reply, so the server may wait for the device on its executor instead of handing the wait
+  // to another thread. Other sessions (fault tolerance's groups) post it as PostRaw does.
+  virtual uint64_t PostRawAwaited(uint16_t opcode, std::vector<uint8_t> payload, RawReplyFn fn) {
+    return PostRaw(opcode, std::move(payload), std::move(fn));
+  }
   // Sends what is queued.
   virtual Status Flush() = 0;
   // Flushes, then waits for the reply to `seq` (which must have been posted with a reply fn
@@ -84,17 +93,13 @@ class Session {
   }
   template <class Req>
   uint64_t Post(const Req& req, ReplyFn<typename Req::Reply> fn) {
-    return PostRaw(static_cast<uint16_t>(Req::kOpcode), ir::Encode(req),
-                   [fn = std::move(fn)](const Status& st, std::span<const uint8_t> fields) {
-                     typename Req::Reply rep{};
-                     Status s = st;
-                     if (s.ok()) {
-                       ir::Reader r(fields);
-                       if (!ir::Get(r, &rep) || r.remaining())
-                         s = Status::Protocol(std::string("malformed reply to ") + std::string(Req::kName));
-                     }
-                     fn(s, std::move(rep));
-                   });
+    return PostRaw(static_cast<uint16_t>(Req::kOpcode), ir::Encode(req), Decoding<Req>(std::move(fn)));
+  }
+  // Post, for a reply the posting thread waits for before it does anything else
+  // (PostRawAwaited): a blocking read or write.
+  template <class Req>
+  uint64_t PostAwaited(const Req& req, ReplyFn<typename Req::Reply> fn) {
+    return PostRawAwaited(static_cast<uint16_t>(Req::kOpcode), ir::Encode(req), Decoding<Req>(std::move(fn)));
   }
   template <class Req>
   Result<typename Req::Reply> Call(const Req& req) {
@@ -108,6 +113,21 @@ class Session {
     return rep;
   }
 
+ private:
+  // A reply function that decodes Req's reply (a malformed one fails with kProtocol).
+  template <class Req>
+  static RawReplyFn Decoding(ReplyFn<typename Req::Reply> fn) {
+    return [fn = std::move(fn)](const Status& st, std::span<const uint8_t> fields) {
+      typename Req::Reply rep{};
+      Status s = st;
+      if (s.ok()) {
+        ir::Reader r(fields);
+        if (!ir::Get(r, &rep) || r.remaining())
+          s = Status::Protocol(std::string("malformed reply to ") + std::string(Req::kName));
+      }
+      fn(s, std::move(rep));
+    };
+  }
 };
 
 class Runtime {
@@ -155,6 +175,11 @@ struct CopyEnd {
 };
 // False when TANDEM_VDMA=0: copies between servers are then relayed through this process.
 bool DirectCopiesEnabled();
+// Called by a front end before it first runs a thread of its own that posts commands or calls
+// the program back (OpenCL's event and destructor callbacks): from then on no session marks a
+// command ir::kRecordCallerWaits (Session::PostRawAwaited), for that thread may need the
+// server while the program's thread waits.
+void NoteHelperThreads();
 // Copies `size` bytes between buffers of two servers (or two devices of one), in each side's stream order;
 // `signal` (0: none) completes on the destination when the bytes are there. Directly (VDMA):
 // the destination server pulls them from the source server and nothing here waits. Relayed

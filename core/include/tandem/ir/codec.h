@@ -186,6 +186,11 @@ enum class BatchKind : uint16_t { kRequests = 1, kReplies = 2 };
 inline constexpr size_t kBatchHeaderSize = 16;
 inline constexpr size_t kRecordHeaderSize = 16;
 inline constexpr uint16_t kRecordWantReply = 1;  // record flag: reply even if the command is async
+// Record flag: the client posts nothing more to this session until this record's reply, on
+// any thread (its only posting thread waits for it). The server may then wait for the
+// device on its executor for it, where it would otherwise hand the wait to another thread
+// (Session::Run). 2 is kRecordResumable, the Attach's.
+inline constexpr uint16_t kRecordCallerWaits = 4;
 
 struct BatchHeader {
   uint32_t magic = kMagic;

@@ -106,6 +106,16 @@ class Backend {
   // act and block on nothing after it (OpenCL's FinishLater does).
   void set_wait_runs_next(bool next) { wait_runs_next_ = next; }
 
+  // Whether every command this backend has enqueued can complete without anything the
+  // session runs later: no user event that the program or another server must still set, no
+  // server-to-server gate. The session then runs a deferred wait (ReplyLater) that would run
+  // next anyway, and that the client waits for alone (ir::kRecordCallerWaits), on the
+  // executor itself, as a backend whose waits are synchronous does, and its reply leaves with
+  // the batch's instead of through the waiter thread. Asked by the
+  // session right after the command deferred, with nothing held; false (the default) keeps
+  // every deferred wait on the waiter.
+  virtual bool EnqueuedCompleteAlone() const { return false; }
+
   // Whether the session should keep commands that wait on another server out of the backend
   // until that server has answered (Session's holding), instead of enqueueing them behind a
   // stand-in the backend completes later (WriteFromHost's gate, an imported user event). For

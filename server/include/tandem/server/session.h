@@ -35,7 +35,8 @@ using LateReply = std::function<std::vector<uint8_t>()>;
 struct BatchOutcome {
   std::vector<uint8_t> reply;  // one reply batch to send; empty when no record needed a reply
   // Replies deferred by the backend (Backend::ReplyLater), in order: send `reply` first,
-  // then run these one after another off the executor (the worker's waiter thread).
+  // then run these one after another off the executor (the worker's waiter thread). A wait
+  // the session could run in place (Backend::EnqueuedCompleteAlone) is in `reply` instead.
   std::vector<LateReply> late;
   bool refuse_peer = false;    // not authenticated: send `reply`, then close the peer
   bool goodbye = false;        // the client ended the session
@@ -273,6 +274,8 @@ class Session {
   std::unordered_set<uint64_t> held_signals_;  // signals of held commands
   std::unordered_set<uint64_t> unanswered_;    // imported events whose server has not answered
   bool replaying_ = false;
+  // What the backend was told by set_wait_runs_next for the command being run.
+  bool wait_runs_next_ = false;
   uint64_t current_seq_ = 0;  // the record being run
   // Bytes of inline read backs (replies that carry the data) taken on in the batch being run:
   // one request message must not make the worker hold, or one reply message carry, more than
