@@ -73,8 +73,7 @@ Status WriteBuffer(Session& s, ir::BufferWriteReq req, const void* src, bool blo
     if (done) done(st);
     if (completion) completion->Set(st);
   };
-  if (blocking) s.PostAwaited(req, std::move(reply));
-  else s.Post(req, std::move(reply));
+  s.Post(req, std::move(reply), blocking);
   if (!blocking) return s.Flush();
   s.Flush();
   return completion->Wait();
@@ -111,8 +110,7 @@ Status ReadBuffer(Session& s, ir::BufferReadReq req, void* dst, bool blocking,
     if (done) done(result);
     if (completion) completion->Set(result);
   };
-  if (blocking) s.PostAwaited(req, std::move(reply));
-  else s.Post(req, std::move(reply));
+  s.Post(req, std::move(reply), blocking);
   Status st = s.Flush();
   if (!blocking) return st;
   return completion->Wait();

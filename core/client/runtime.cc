@@ -489,7 +489,7 @@ Status RuntimeImpl::Connect(const std::string& server, SessionImpl** out) {
   auto worker = ep_->Connect(worker_addr, connect_timeout_);
   if (!worker.ok()) return worker.status();
   // Resumable: a link that breaks while the worker lives is re-established (SessionImpl).
-  auto attach = Exchange(*worker, ir::AttachReq{.session_key = hello->session_key}, server, kRecordResumable);
+  auto attach = Exchange(*worker, ir::AttachReq{.session_key = hello->session_key}, server, ir::kRecordResumable);
   if (!attach.ok()) {
     ep_->Close(*worker);
     return attach.status();

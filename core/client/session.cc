@@ -101,7 +101,7 @@ namespace {
 std::atomic<bool> g_helper_threads{false};
 }  // namespace
 
-void NoteHelperThreads() { g_helper_threads.store(true); }
+void NoteHelperThreads() { g_helper_threads.store(true, std::memory_order_release); }
 
 uint64_t SessionImpl::Queue(uint16_t opcode, std::vector<uint8_t> payload, RawReplyFn fn, bool awaited) {
   std::unique_lock<std::mutex> lock(mu_);
@@ -139,7 +139,7 @@ uint64_t SessionImpl::Queue(uint16_t opcode, std::vector<uint8_t> payload, RawRe
     else if (poster_ != me) many_posters_ = true;
   }
   uint16_t flags = fn ? ir::kRecordWantReply : 0;
-  if (awaited && fn && !many_posters_ && !g_helper_threads.load(std::memory_order_relaxed))
+  if (awaited && fn && !many_posters_ && !g_helper_threads.load(std::memory_order_acquire))
     flags |= ir::kRecordCallerWaits;
   batch_.AddRaw(opcode, flags, seq, payload);
   Stats::Get().calls[opcode].fetch_add(1, std::memory_order_relaxed);

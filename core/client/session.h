@@ -44,10 +44,6 @@ uint32_t KeepaliveSpinUs();
 // asked something before it counts as lost.
 Clock::duration FailoverTimeout();
 
-// Record flag of the Attach that opens a session: this client can Resume it after a link
-// loss. The same value as the server's (server/include/tandem/server/session.h).
-inline constexpr uint16_t kRecordResumable = 2;
-
 class SessionImpl final : public Session {
  public:
   // With a `session_key`, the session is resumable: a link that breaks while the worker
@@ -138,7 +134,7 @@ class SessionImpl final : public Session {
   std::vector<uint64_t> warm_devices_;
   Clock::time_point last_program_{};
   // The thread that posted the program's commands (all but Ping and Warm), while only one
-  // has; set for good once a second one posts (PostRawAwaited).
+  // has; many_posters_ is set for good once a second one posts. Only PostRawAwaited reads it.
   std::thread::id poster_{};
   bool many_posters_ = false;
   int warm_left_ = 0;  // replies of the current keepalive round still to come

@@ -710,7 +710,7 @@ int RunWorker(const WorkerOptions& opt) {
         // Before Attach the executor is idle: the first batch is authenticated right here.
         std::vector<ir::Record> first;
         const bool resumable = ir::ParseBatch(e.data, ir::BatchKind::kRequests, &first).ok() && !first.empty() &&
-                               (first[0].header.flags & kRecordResumable);
+                               (first[0].header.flags & ir::kRecordResumable);
         bulk.Connect(e.peer);
         backend.value()->set_bulk(&bulk);
         BatchOutcome out = session.HandleBatch(e.data);

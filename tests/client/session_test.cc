@@ -147,17 +147,41 @@ TEST(SessionCallerWaits, OnlyAwaitedRepliesOfASessionWithOnePostingThread) {
   ASSERT_TRUE(s.Flush().ok());
   EXPECT_EQ(LastFlags(ep), ir::kRecordWantReply);
   // Pings and keepalive come from the runtime's own thread: they are not the program's.
-  std::thread([&] { s.PostRaw(static_cast<uint16_t>(ir::Opcode::kPing), ir::Encode(ir::PingReq{1}), ignore); }).join();
-  s.PostRawAwaited(kStreamSync, sync, ignore);
-  ASSERT_TRUE(s.Flush().ok());
-  EXPECT_EQ(LastFlags(ep), ir::kRecordWantReply | ir::kRecordCallerWaits);
   std::thread([&] {
-    s.PostRaw(kLaunch, LaunchPayload(1), nullptr);
+    s.PostRaw(static_cast<uint16_t>(ir::Opcode::kPing), ir::Encode(ir::PingReq{1}), ignore);
+    s.PostRaw(static_cast<uint16_t>(ir::Opcode::kWarm),
+              ir::Encode(ir::WarmReq{.device = 0, .what = ir::kWarmCopy, .spin_us = 0, .data = ir::bytes(8, 0)}),
+              ignore);
     ASSERT_TRUE(s.Flush().ok());
   }).join();
   s.PostRawAwaited(kStreamSync, sync, ignore);
   ASSERT_TRUE(s.Flush().ok());
+  EXPECT_EQ(LastFlags(ep), ir::kRecordWantReply | ir::kRecordCallerWaits);
+  // A second thread's own first wait is not flagged: the first thread may post meanwhile.
+  std::thread([&] {
+    s.PostRawAwaited(kStreamSync, sync, ignore);
+    ASSERT_TRUE(s.Flush().ok());
+  }).join();
   EXPECT_EQ(LastFlags(ep), ir::kRecordWantReply);
+  // Nor, from then on, is any wait of the first thread's.
+  s.PostRawAwaited(kStreamSync, sync, ignore);
+  ASSERT_TRUE(s.Flush().ok());
+  EXPECT_EQ(LastFlags(ep), ir::kRecordWantReply);
+}
+
+// What the front ends call (Session::Call, as OpenCL's clFinish does through CallOn) flags
+// its command: CallRaw posts it as PostRawAwaited.
+TEST(SessionCallerWaits, ACallIsFlagged) {
+  RecordingEndpoint ep;
+  SessionImpl s(&ep, 1, "recording", "", "opencl", [] {});
+  std::thread caller([&] {
+    auto r = s.Call(ir::StreamSyncReq{7});
+    EXPECT_FALSE(r.ok());  // nobody answers: failed by the Close below
+  });
+  for (int i = 0; i < 2000 && ep.Batches().empty(); ++i) std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(LastFlags(ep), ir::kRecordWantReply | ir::kRecordCallerWaits);
+  s.Close(Status(Code::kServerLost, "test: the call is over"));
+  caller.join();
 }
 
 // Once the front end runs threads of its own (callbacks), no session marks a wait. The

@@ -360,9 +360,9 @@ TEST(Tandemd, ClientVanishingMidTransferFreesItsSession) {
   RoundTrip(c, s->worker, 0x600, 4u << 20);
 }
 
-// A resumable session (Attach with the Resume flag, 2: kRecordResumable of the client and
-// the server): each reply batch ends with an Ack, a resent request is dropped, and a client
-// whose connection broke resumes on a new one and gets the replies it missed.
+// A resumable session (Attach with the flag ir::kRecordResumable): each reply batch ends with
+// an Ack, a resent request is dropped, and a client whose connection broke resumes on a new
+// one and gets the replies it missed.
 ir::AckReq AckOf(const ReplyBatch& b) {
   ir::AckReq ack{};
   EXPECT_TRUE(b.status.ok()) << b.status.ToString();
@@ -392,9 +392,8 @@ TEST(Tandemd, ResumableSessionDropsDuplicatesAndResumes) {
   const std::string worker_addr = fmt::format("127.0.0.1:{}", hello.rep.session_port);
   auto worker = c.Connect(worker_addr);
   ASSERT_TRUE(worker.ok());
-  constexpr uint16_t kResumable = 2;
   ir::BatchWriter attach(ir::BatchKind::kRequests);
-  attach.AddRequest(ir::AttachReq{hello.rep.session_key}, 1, kResumable);
+  attach.AddRequest(ir::AttachReq{hello.rep.session_key}, 1, ir::kRecordResumable);
   auto a = TestClient::Decode<ir::AttachReq>(c.Exchange(worker.value(), attach.Finish()));
   ASSERT_TRUE(a.status().ok()) << a.status().ToString();
 

@@ -65,9 +65,11 @@ class Session {
   // The same for a command whose reply the posting thread waits for before it does anything
   // else (CallRaw). A session all of whose commands came from that one thread, in a program
   // whose front end runs no thread of its own that posts or calls back (NoteHelperThreads),
-  // marks it ir::kRecordCallerWaits: nothing else can reach the server's session until the
-  // reply, so the server may wait for the device on its executor instead of handing the wait
-  // to another thread. Other sessions (fault tolerance's groups) post it as PostRaw does.
+  // marks it ir::kRecordCallerWaits: nothing else of the program's should need the server's
+  // session until the reply, so the server may wait for the device on its executor instead
+  // of handing the wait to another thread. Fault tolerance's groups post it as PostRaw does;
+  // its recovery calls a member's CallRaw itself, which is flagged only while that thread is
+  // the member's sole poster, and the program's posts wait for the recovery meanwhile.
   virtual uint64_t PostRawAwaited(uint16_t opcode, std::vector<uint8_t> payload, RawReplyFn fn) {
     return PostRaw(opcode, std::move(payload), std::move(fn));
   }
@@ -91,15 +93,14 @@ class Session {
   uint64_t Post(const Req& req) {
     return PostRaw(static_cast<uint16_t>(Req::kOpcode), ir::Encode(req), nullptr);
   }
+  // `awaited`: the posting thread waits for the reply before it does anything else (a blocking
+  // read or write): PostRawAwaited.
   template <class Req>
-  uint64_t Post(const Req& req, ReplyFn<typename Req::Reply> fn) {
-    return PostRaw(static_cast<uint16_t>(Req::kOpcode), ir::Encode(req), Decoding<Req>(std::move(fn)));
-  }
-  // Post, for a reply the posting thread waits for before it does anything else
-  // (PostRawAwaited): a blocking read or write.
-  template <class Req>
-  uint64_t PostAwaited(const Req& req, ReplyFn<typename Req::Reply> fn) {
-    return PostRawAwaited(static_cast<uint16_t>(Req::kOpcode), ir::Encode(req), Decoding<Req>(std::move(fn)));
+  uint64_t Post(const Req& req, ReplyFn<typename Req::Reply> fn, bool awaited = false) {
+    const auto opcode = static_cast<uint16_t>(Req::kOpcode);
+    RawReplyFn raw = Decoding<Req>(std::move(fn));
+    return awaited ? PostRawAwaited(opcode, ir::Encode(req), std::move(raw))
+                   : PostRaw(opcode, ir::Encode(req), std::move(raw));
   }
   template <class Req>
   Result<typename Req::Reply> Call(const Req& req) {

@@ -185,11 +185,16 @@ bool Get(Reader& r, T* s) {
 enum class BatchKind : uint16_t { kRequests = 1, kReplies = 2 };
 inline constexpr size_t kBatchHeaderSize = 16;
 inline constexpr size_t kRecordHeaderSize = 16;
-inline constexpr uint16_t kRecordWantReply = 1;  // record flag: reply even if the command is async
-// Record flag: the client posts nothing more to this session until this record's reply, on
-// any thread (its only posting thread waits for it). The server may then wait for the
-// device on its executor for it, where it would otherwise hand the wait to another thread
-// (Session::Run). 2 is kRecordResumable, the Attach's.
+// Record flags.
+inline constexpr uint16_t kRecordWantReply = 1;  // reply even if the command is async
+// The Attach that opens a session: the client can Resume it after a link loss (Resume/Ack).
+inline constexpr uint16_t kRecordResumable = 2;
+// A hint: the program's only posting thread waits for this record's reply, and the client
+// runs no thread that calls the program back, so nothing of the program's should need this
+// session until the reply. The server may then wait for the device on its executor, where it
+// would otherwise hand the wait to another thread (Session::Run). Not a promise: keepalive,
+// the goodbye at exit and a second thread's very first command can still come meanwhile, and
+// wait behind it. A wrong hint costs only that session's latency (one process per session).
 inline constexpr uint16_t kRecordCallerWaits = 4;
 
 struct BatchHeader {

@@ -90,7 +90,8 @@ class Backend {
   // Replies that wait on the device (a read back, a synchronize) need not block the
   // session's queue: a backend enqueues the work in order, then returns ReplyLater(wait).
   // When the session allows it, `wait` runs on the session's waiter thread and the reply
-  // leaves when it returns, while later commands (an event query, another enqueue) go on;
+  // leaves when it returns, while later commands (an event query, another enqueue) go on,
+  // unless the session runs it in place (EnqueuedCompleteAlone, ir::kRecordCallerWaits);
   // otherwise (direct calls, tests) it runs at once. `wait` must not touch the backend's
   // handle tables: it captures what it needs.
   void AllowDeferredReplies(bool allow) { defer_allowed_ = allow; }

@@ -25,10 +25,6 @@ namespace tandem::server {
 
 class Profile;  // tandem/server/profile.h
 
-// Record flag of the Attach that opens a session: the client can Resume it after a link
-// loss (ir Resume/Ack). The same value as the client's (core/client/session.h).
-inline constexpr uint16_t kRecordResumable = 2;
-
 // A reply that waits on the device: run it (it blocks), then send what it returns.
 using LateReply = std::function<std::vector<uint8_t>()>;
 
@@ -36,7 +32,8 @@ struct BatchOutcome {
   std::vector<uint8_t> reply;  // one reply batch to send; empty when no record needed a reply
   // Replies deferred by the backend (Backend::ReplyLater), in order: send `reply` first,
   // then run these one after another off the executor (the worker's waiter thread). A wait
-  // the session could run in place (Backend::EnqueuedCompleteAlone) is in `reply` instead.
+  // the session ran in place (the client's ir::kRecordCallerWaits, and
+  // Backend::EnqueuedCompleteAlone) is in `reply` instead.
   std::vector<LateReply> late;
   bool refuse_peer = false;    // not authenticated: send `reply`, then close the peer
   bool goodbye = false;        // the client ended the session
