@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <cstdio>
+#include <string_view>
 #include <thread>
 
 #include "stats.h"
@@ -103,6 +105,16 @@ std::atomic<bool> g_helper_threads{false};
 
 void NoteHelperThreads() { g_helper_threads.store(true, std::memory_order_release); }
 
+// TANDEM_WAIT_IN_PLACE=0: no command is flagged kRecordCallerWaits (for a program whose kernel
+// waits for what another thread's first command does, and for A/B runs).
+bool WaitInPlaceAllowed() {
+  static const bool allowed = [] {
+    const char* v = std::getenv("TANDEM_WAIT_IN_PLACE");
+    return !(v && std::string_view(v) == "0");
+  }();
+  return allowed;
+}
+
 uint64_t SessionImpl::Queue(uint16_t opcode, std::vector<uint8_t> payload, RawReplyFn fn, bool awaited) {
   std::unique_lock<std::mutex> lock(mu_);
   if (!health_.ok()) {
@@ -139,7 +151,7 @@ uint64_t SessionImpl::Queue(uint16_t opcode, std::vector<uint8_t> payload, RawRe
     else if (poster_ != me) many_posters_ = true;
   }
   uint16_t flags = fn ? ir::kRecordWantReply : 0;
-  if (awaited && fn && !many_posters_ && !g_helper_threads.load(std::memory_order_acquire))
+  if (awaited && fn && !many_posters_ && !g_helper_threads.load(std::memory_order_acquire) && WaitInPlaceAllowed())
     flags |= ir::kRecordCallerWaits;
   batch_.AddRaw(opcode, flags, seq, payload);
   Stats::Get().calls[opcode].fetch_add(1, std::memory_order_relaxed);

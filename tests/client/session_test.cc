@@ -169,6 +169,22 @@ TEST(SessionCallerWaits, OnlyAwaitedRepliesOfASessionWithOnePostingThread) {
   EXPECT_EQ(LastFlags(ep), ir::kRecordWantReply);
 }
 
+// TANDEM_WAIT_IN_PLACE=0 turns the flag off (read once: checked in a fresh process, which
+// the threadsafe death test style runs).
+TEST(SessionCallerWaits, NoneWithWaitInPlaceOff) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        setenv("TANDEM_WAIT_IN_PLACE", "0", 1);
+        RecordingEndpoint ep;
+        SessionImpl s(&ep, 1, "recording", "", "opencl", [] {});
+        s.PostRawAwaited(kStreamSync, ir::Encode(ir::StreamSyncReq{7}), [](const Status&, std::span<const uint8_t>) {});
+        (void)s.Flush();
+        std::_Exit(LastFlags(ep) == ir::kRecordWantReply ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
 // What the front ends call (Session::Call, as OpenCL's clFinish does through CallOn) flags
 // its command: CallRaw posts it as PostRawAwaited.
 TEST(SessionCallerWaits, ACallIsFlagged) {
