@@ -13,6 +13,7 @@ namespace tandem::test {
 // session_fuzz's input: byte 0 is the mode (bit 0 set: skip the Attach, exercising
 // authentication); then messages, each a u32 little-endian length and that many bytes; bytes
 // left over form one last message. fabric_fuzz's: frames, each a u16 length and its bytes.
+// peer_link_fuzz's: messages, each a u16 length and its bytes.
 std::vector<std::vector<uint8_t>> BuiltinSeeds();
 
 }  // namespace tandem::test
