@@ -101,9 +101,6 @@ SessionImpl::SessionImpl(fabric::Endpoint* ep, fabric::PeerId peer, std::string 
 
 namespace {
 std::atomic<bool> g_helper_threads{false};
-}  // namespace
-
-void NoteHelperThreads() { g_helper_threads.store(true, std::memory_order_release); }
 
 // TANDEM_WAIT_IN_PLACE=0: no command is flagged kRecordCallerWaits (for a program whose kernel
 // waits for what another thread's first command does, and for A/B runs).
@@ -114,6 +111,9 @@ bool WaitInPlaceAllowed() {
   }();
   return allowed;
 }
+}  // namespace
+
+void NoteHelperThreads() { g_helper_threads.store(true, std::memory_order_release); }
 
 uint64_t SessionImpl::Queue(uint16_t opcode, std::vector<uint8_t> payload, RawReplyFn fn, bool awaited) {
   std::unique_lock<std::mutex> lock(mu_);

@@ -351,9 +351,11 @@ void FabricPeerLink::SendLoop() {
     while (!sends_.empty()) {
       SendJob job = std::move(sends_.front());
       sends_.pop_front();
+      ++busy_;
       lock.unlock();
       SendTransfer(job);
       lock.lock();
+      if (--busy_ == 0) cv_.notify_all();
     }
     // No deadlines here: a source may be far behind its puller (or ahead of it) because its
     // own stream is busy, for as long as the program keeps it busy. A lost link fails what
@@ -413,6 +415,11 @@ bool FabricPeerLink::Lend(const SendJob& job) {
   return true;
 }
 
+bool FabricPeerLink::WaitIdle(std::chrono::milliseconds limit) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_for(lock, limit, [this] { return sends_.empty() && reads_.empty() && busy_ == 0; });
+}
+
 void FabricPeerLink::ReadLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
@@ -421,9 +428,11 @@ void FabricPeerLink::ReadLoop() {
     while (!reads_.empty()) {
       ReadJob job = std::move(reads_.front());
       reads_.pop_front();
+      ++busy_;
       lock.unlock();
       ReadTransfer(job);
       lock.lock();
+      if (--busy_ == 0) cv_.notify_all();
     }
     // Reads that outlived their transfer: their memory goes once the provider is done.
     std::erase_if(stuck_, [&](StuckRead& r) { return !endpoint_->InFlight(r.op); });

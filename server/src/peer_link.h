@@ -81,6 +81,10 @@ class FabricPeerLink final : public PeerLink {
   bool OnMessage(fabric::PeerId peer, std::vector<uint8_t>&& message);
   void OnPeerLost(fabric::PeerId peer, const Status& why);
 
+  // Tests and the fuzzer: waits until no transfer waits for the sender or reader thread and
+  // neither works on one; false if that takes longer than `limit`.
+  bool WaitIdle(std::chrono::milliseconds limit);
+
   // What tests look at: transfers this worker read by RMA, and host copies it lends right now.
   uint64_t rma_reads() const { return rma_reads_.load(); }
   size_t lent() {
@@ -276,6 +280,7 @@ class FabricPeerLink final : public PeerLink {
   std::vector<StuckRead> stuck_;
   std::atomic<uint64_t> rma_reads_{0};
   bool stopping_ = false;
+  int busy_ = 0;  // jobs the sender and reader threads have taken and not finished (mu_)
   std::thread sender_;
   std::thread reader_;
 };
