@@ -6,13 +6,15 @@
 // peer, a registration is a region of this process's memory, an RMA read completes at once
 // without moving bytes. The input is a sequence of messages, each a 2-byte little-endian length
 // and that many bytes; a message the link refuses ends the input, as the worker closes the peer.
+// A blocking receive (Sink, a PeerRecv's) from that peer is open too: after the messages, it
+// pulls what they left in its inbox and waits up to the link's timeout for the rest.
 // After each message the harness waits until the link's sender and reader threads are idle
 // (FabricPeerLink::WaitIdle), so an input always runs the same way. Checked: every message the
 // link sends parses as a batch of server-to-server records; an RMA read stays inside the
-// local region and the remote one it was given; each outcome (the expected transfer's, the
+// local region and the remote one it was given; the blocking receive hands on only bytes of
+// its transfer, all of them when it succeeds; each outcome (the expected transfer's, the
 // import's) comes exactly once, and the peer's loss at the end settles both.
-// Not covered: the executor's side of a transfer (Source, Sink: the streaming ring and the
-// inbox a blocking PeerRecv reads), which this harness never opens.
+// Not covered: a streaming source (Source, the executor reading the device chunk by chunk).
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -33,8 +35,11 @@ namespace {
 using namespace std::chrono_literals;
 
 constexpr fabric::PeerId kPeer = 7;
-constexpr uint64_t kOffered = 1, kExpected = 2, kImported = 3, kExported = 4;
+constexpr uint64_t kOffered = 1, kExpected = 2, kImported = 3, kExported = 4, kSunk = 6;
 constexpr size_t kBytes = 64;
+// The blocking receive's size: by message below kRmaMinBytes, by RMA from it (the input's
+// length picks: even, small; odd, large).
+constexpr size_t kSmallSink = 4096, kLargeSink = server::FabricPeerLink::kRmaMinBytes;
 
 void Check(bool ok, const char* what) {
   if (ok) return;
@@ -155,6 +160,19 @@ std::vector<std::vector<uint8_t>> BuiltinSeeds() {
   // lent, a truncated batch.
   seeds.push_back(seq({Batch(ir::PeerDataReq{kExpected, kBytes - 4, half})}));
   seeds.push_back(seq({Batch(ir::PeerRegionReq{kExpected, 0, 0x1000, 2 * kBytes, 5}), Batch(ir::PeerReleaseReq{12345})}));
+  // The blocking receive: by messages, whole (even length: the small one); by one region
+  // (odd length, the trailing byte ignored: the large one).
+  const std::vector<uint8_t> quarter(kSmallSink / 4, 0x22);
+  std::vector<uint8_t> by_messages;
+  for (uint64_t at = 0; at < kSmallSink; at += quarter.size()) {
+    const auto m = Batch(ir::PeerDataReq{kSunk, at, quarter});
+    by_messages.insert(by_messages.end(), m.begin(), m.end());
+  }
+  if (by_messages.size() % 2) by_messages.push_back(0);
+  seeds.push_back(by_messages);
+  std::vector<uint8_t> by_region = Batch(ir::PeerRegionReq{kSunk, 0, 0x2000, kLargeSink, 9});
+  if (by_region.size() % 2 == 0) by_region.push_back(0);
+  seeds.push_back(by_region);
   std::vector<uint8_t> cut = Batch(ir::PeerPullReq{kOffered, kBytes});
   cut.resize(cut.size() - 3);
   cut[0] = static_cast<uint8_t>(cut.size() - 2);
@@ -170,7 +188,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   RecordingEndpoint ep;
   auto outcomes = std::make_shared<Outcomes>();
   {
-    server::FabricPeerLink link(&ep, 50ms);
+    server::FabricPeerLink link(&ep, 5ms);
     link.Offer(kOffered, kBytes, std::shared_ptr<server::HostBuffer>(std::make_shared<Bytes>(kBytes)));
     auto into = std::make_shared<Bytes>(kBytes);
     Status st = link.Expect("peer:1", kExpected, into, [outcomes](const Status&) {
@@ -184,6 +202,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     });
     Check(st.ok(), "Import");
     link.ExportDone(kExported, 0);
+    const size_t sink_size = size % 2 ? kLargeSink : kSmallSink;
+    auto sink = link.Sink("peer:1", kSunk, sink_size);
+    Check(sink.ok(), "Sink");
     for (size_t at = 0; at + 2 <= size;) {
       const size_t len = data[at] | (static_cast<size_t>(data[at + 1]) << 8);
       at += 2;
@@ -196,6 +217,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       Check(link.WaitIdle(std::chrono::seconds(5)), "the link's threads finish their work within 5 s");
       if (!taken) break;  // the worker refuses the peer
     }
+    uint64_t got = 0;
+    Status pulled = sink.value()->Pull({}, sink_size, [&](const uint8_t*, size_t offset, size_t n) {
+      Check(offset <= sink_size && n <= sink_size - offset, "Pull: a chunk inside the transfer");
+      got += n;
+      Check(got <= sink_size, "Pull: no more bytes than the transfer's");
+      return Status::Ok();
+    });
+    if (pulled.ok()) Check(got == sink_size, "Pull: a transfer received whole delivered every byte");
+    sink.value().reset();
     link.OnPeerLost(kPeer, Status(Code::kLinkLost, "the input ended"));
   }
   std::lock_guard<std::mutex> lock(outcomes->mu);
