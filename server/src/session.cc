@@ -115,8 +115,7 @@ BatchOutcome Session::HandleBatch(std::span<const uint8_t> msg) {
     for (size_t i = 0; i < records.size(); ++i) {
       const ir::Record& rec = records[i];
       // Late replies run after the batch, in order: this command's would run next.
-      wait_runs_next_ = i + 1 == records.size() && late_.empty() && waiter_idle_ && waiter_idle_();
-      backend_->set_wait_runs_next(wait_runs_next_);
+      backend_->set_wait_runs_next(i + 1 == records.size() && late_.empty() && waiter_idle_ && waiter_idle_());
       if (Handler h = Table().Find(rec.header.opcode)) {
         (this->*h)(rec, out);
       } else {
@@ -125,7 +124,6 @@ BatchOutcome Session::HandleBatch(std::span<const uint8_t> msg) {
       }
       if (goodbye_) break;
     }
-    wait_runs_next_ = false;
     backend_->set_wait_runs_next(false);
   }
   out_ = nullptr;
@@ -336,7 +334,7 @@ void Session::Run(const ir::Record& rec, ir::BatchWriter& out) {
     // 2.5 us of an OpenCL kernel + clFinish, the probe at c2a8741). The worker's other thread
     // takes over receiving meanwhile, as for any long batch. Without the client's flag a
     // second host thread's commands would queue behind this wait (8ff6a8c).
-    const bool in_place = (rec.header.flags & ir::kRecordCallerWaits) && wait_runs_next_ && !Holding() &&
+    const bool in_place = (rec.header.flags & ir::kRecordCallerWaits) && backend_->wait_runs_next() && !Holding() &&
                           backend_->EnqueuedCompleteAlone();
     if (!want_reply || in_place) {
       st = wait();
@@ -974,7 +972,6 @@ void Session::TakeReleases() {
 void Session::Replay() {
   if (replaying_ || held_.empty()) return;
   replaying_ = true;
-  wait_runs_next_ = false;
   backend_->set_wait_runs_next(false);
   std::deque<HeldCommand> queue;
   queue.swap(held_);

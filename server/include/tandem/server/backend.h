@@ -106,6 +106,7 @@ class Backend {
   // so a backend that leaves a flush to its wait must defer that wait as the command's last
   // act and block on nothing after it (OpenCL's FinishLater does).
   void set_wait_runs_next(bool next) { wait_runs_next_ = next; }
+  bool wait_runs_next() const { return wait_runs_next_; }
 
   // Whether every command this backend has enqueued can complete without anything the
   // session runs later: no user event that the program or another server must still set, no
@@ -175,7 +176,6 @@ class Backend {
     deferred_reply_ = std::move(wait);
     return Status::Ok();
   }
-  bool wait_runs_next() const { return wait_runs_next_; }
   BulkIO* bulk_ = nullptr;
 
  private:

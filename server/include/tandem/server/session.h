@@ -271,8 +271,6 @@ class Session {
   std::unordered_set<uint64_t> held_signals_;  // signals of held commands
   std::unordered_set<uint64_t> unanswered_;    // imported events whose server has not answered
   bool replaying_ = false;
-  // What the backend was told by set_wait_runs_next for the command being run.
-  bool wait_runs_next_ = false;
   uint64_t current_seq_ = 0;  // the record being run
   // Bytes of inline read backs (replies that carry the data) taken on in the batch being run:
   // one request message must not make the worker hold, or one reply message carry, more than
