@@ -108,24 +108,25 @@ class Session {
     Status st = CallRaw(static_cast<uint16_t>(Req::kOpcode), ir::Encode(req), &fields);
     if (!st.ok()) return st;
     typename Req::Reply rep{};
-    ir::Reader r(fields);
-    if (!ir::Get(r, &rep) || r.remaining())
-      return Status::Protocol(std::string("malformed reply to ") + std::string(Req::kName));
+    TANDEM_RETURN_IF_ERROR(Decode<Req>(fields, &rep));
     return rep;
   }
 
  private:
+  // Req's reply from its fields: all of them, and nothing after (kProtocol otherwise).
+  template <class Req>
+  static Status Decode(std::span<const uint8_t> fields, typename Req::Reply* rep) {
+    ir::Reader r(fields);
+    if (!ir::Get(r, rep) || r.remaining())
+      return Status::Protocol(std::string("malformed reply to ") + std::string(Req::kName));
+    return Status::Ok();
+  }
   // A reply function that decodes Req's reply (a malformed one fails with kProtocol).
   template <class Req>
   static RawReplyFn Decoding(ReplyFn<typename Req::Reply> fn) {
     return [fn = std::move(fn)](const Status& st, std::span<const uint8_t> fields) {
       typename Req::Reply rep{};
-      Status s = st;
-      if (s.ok()) {
-        ir::Reader r(fields);
-        if (!ir::Get(r, &rep) || r.remaining())
-          s = Status::Protocol(std::string("malformed reply to ") + std::string(Req::kName));
-      }
+      Status s = st.ok() ? Decode<Req>(fields, &rep) : st;
       fn(s, std::move(rep));
     };
   }
