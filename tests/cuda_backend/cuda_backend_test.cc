@@ -3,6 +3,7 @@
 // that MakeCudaBackend then fails cleanly.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -564,6 +565,37 @@ TEST_F(CudaBackendTest, ModuleFollowsPointerInDeviceMemory) {
   ASSERT_OK(Launch(11, 1, 64, {Bytes(kBase), Bytes(2.0f), Bytes(n)}, 5));  // the ints, as floats: 0 stays 0
   ASSERT_OK(b_->OnStreamSync({5}, nullptr));
   ASSERT_OK(b_->OnStreamDestroy({5}, nullptr));
+}
+
+// cudaDeviceSetLimit / GetLimit, cache preferences and the bus id: the driver's answers, and
+// clear refusals of what the driver would not be asked (unknown device or function, a cache
+// configuration out of range).
+TEST_F(CudaBackendTest, LimitsCacheConfigAndBusId) {
+  ir::DeviceInfoRep info;
+  ASSERT_OK(b_->OnDeviceInfo({0}, &info));
+  const ir::Prop* bus = FindProp(info.props, ir::kCudaPciBusId);
+  ASSERT_NE(bus, nullptr);
+  const std::string bus_id(bus->value.begin(), bus->value.end());
+  EXPECT_EQ(std::count(bus_id.begin(), bus_id.end(), ':'), 2) << bus_id;
+
+  constexpr uint32_t kLimitMallocHeapSize = 0x02;  // CU_LIMIT_MALLOC_HEAP_SIZE
+  ASSERT_OK(b_->OnDeviceSetLimit({.device = 0, .limit = kLimitMallocHeapSize, .value = 48u << 20}, nullptr));
+  ir::DeviceGetLimitRep limit;
+  ASSERT_OK(b_->OnDeviceGetLimit({.device = 0, .limit = kLimitMallocHeapSize}, &limit));
+  EXPECT_EQ(limit.value, 48u << 20);
+  const Status unknown = b_->OnDeviceSetLimit({.device = 0, .limit = 0x77, .value = 1}, nullptr);
+  EXPECT_EQ(unknown.code(), Code::kApiError);
+  EXPECT_EQ(unknown.api(), Api::kCuda);
+  EXPECT_EQ(b_->OnDeviceGetLimit({.device = b_->device_count(), .limit = 0}, &limit).code(), Code::kInvalidArgument);
+
+  ASSERT_OK(b_->OnDeviceSetCacheConfig({.device = 0, .config = 1}, nullptr));  // CU_FUNC_CACHE_PREFER_SHARED
+  EXPECT_EQ(b_->OnDeviceSetCacheConfig({.device = 0, .config = 4}, nullptr).code(), Code::kInvalidArgument);
+  EXPECT_EQ(b_->OnFunctionSetCacheConfig({.function = 4242, .config = 0}, nullptr).code(), Code::kUnknownHandle);
+  REQUIRE_MODULES();
+  ASSERT_OK(LoadModule(1, kFatbin));
+  ASSERT_OK(GetFunction(10, 1, "hello").status());
+  ASSERT_OK(b_->OnFunctionSetCacheConfig({.function = 10, .config = 2}, nullptr));  // CU_FUNC_CACHE_PREFER_L1
+  EXPECT_EQ(b_->OnFunctionSetCacheConfig({.function = 10, .config = 7}, nullptr).code(), Code::kInvalidArgument);
 }
 
 TEST_F(CudaBackendTest, ParamInfoAndLaunchValidation) {

@@ -203,6 +203,7 @@ cudaError_t EnsureFunction(DeviceContext& d, const Kernel& k, const Function** o
     d.session().Post(ir::FunctionSetAttrReq{.function = fn.handle, .attr = attr, .value = value});
     SetFunctionAttr(fn, attr, value);
   }
+  if (k.cache_config) d.session().Post(ir::FunctionSetCacheConfigReq{.function = fn.handle, .config = *k.cache_config});
   *out = &d.functions.emplace(&k, std::move(fn)).first->second;
   return cudaSuccess;
 }

@@ -1,7 +1,10 @@
 // Device management: the remote devices of TANDEM_SERVERS as CUDA devices, their properties
 // (every cudaDeviceProp field that maps to a CUdevice_attribute, from the server's list),
 // per-thread current device, synchronisation, reset and versions.
+#include <algorithm>
+#include <cctype>
 #include <cstring>
+#include <string_view>
 #include <vector>
 
 #include "frontend.h"
@@ -144,7 +147,16 @@ void FillProperties(const DeviceContext& d, cudaDeviceProp* p) {
 cudaError_t SyncDevice(DeviceContext& d) {
   Frontend& f = Frontend::Get();
   f.WaitCallbacks();
+  uint64_t freed = 0;  // what cudaFreeAsync gave back before this synchronize
+  {
+    std::lock_guard<std::mutex> lock(f.mu);
+    freed = f.freed_async_count;
+  }
   Status st = d.session().Call(ir::DeviceSyncReq{.device = d.remote()}).status();
+  if (st.ok()) {
+    std::lock_guard<std::mutex> lock(f.mu);
+    ReleaseFreedAsync(d.index, std::nullopt, freed);
+  }
   cudaError_t pending = f.WaitPending();
   cudaError_t async = TakeAsyncErrors(d);
   if (async != cudaSuccess) return async;
@@ -257,6 +269,9 @@ TANDEM_API cudaError_t cudaDeviceReset() {
   f.WaitCallbacks();
   auto rep = d->session().Call(ir::DeviceResetReq{.device = d->remote()});
   d->session().TakeAsyncErrors();
+  std::erase_if(f.freed_async, [&](const Frontend::FreedAsync& x) {
+    return x.stream_device == d->index || (x.address >= d->va_base && x.address - d->va_base < d->va_size);
+  });
   d->allocations.clear();
   d->small.clear();
   d->allocated = 0;
@@ -266,6 +281,7 @@ TANDEM_API cudaError_t cudaDeviceReset() {
   d->globals.clear();
   d->sticky = cudaSuccess;
   d->flags = 0;
+  d->cache_config = cudaFuncCachePreferNone;
   std::erase_if(f.streams, [&](const auto& e) { return e.second->device == d->index; });
   std::erase_if(f.events, [&](const auto& e) { return e.second->device == d->index; });
   return rep.ok() ? cudaSuccess : Return(ToCuda(rep.status()));
@@ -323,3 +339,176 @@ TANDEM_API cudaError_t cudaDeviceDisablePeerAccess(int peer) {
   if (peer < 0 || peer >= static_cast<int>(list->size())) return Return(cudaErrorInvalidDevice);
   return Return(cudaErrorPeerAccessNotEnabled);
 }
+
+// ---- limits, cache and shared memory configuration ------------------------------------------
+
+// Asked of the server's context: the driver checks the value, and refuses some limits once
+// kernels ran (cudaErrorUnsupportedLimit, cudaErrorInvalidValue). cudaLimit values are CUlimit's.
+TANDEM_API cudaError_t cudaDeviceSetLimit(cudaLimit limit, size_t value) {
+  Frontend& f = Frontend::Get();
+  DeviceContext* d = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(f.mu);
+    TANDEM_RETURN_CUDA_IF_ERROR(Return(f.Current(&d)));
+    if (d->sticky != cudaSuccess) return Return(d->sticky);
+  }
+  auto rep = d->session().Call(
+      ir::DeviceSetLimitReq{.device = d->remote(), .limit = static_cast<uint32_t>(limit), .value = value});
+  return rep.ok() ? cudaSuccess : Return(ToCuda(rep.status()));
+}
+
+TANDEM_API cudaError_t cudaDeviceGetLimit(size_t* value, cudaLimit limit) {
+  if (!value) return Return(cudaErrorInvalidValue);
+  Frontend& f = Frontend::Get();
+  DeviceContext* d = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(f.mu);
+    TANDEM_RETURN_CUDA_IF_ERROR(Return(f.Current(&d)));
+    if (d->sticky != cudaSuccess) return Return(d->sticky);
+  }
+  auto rep = d->session().Call(ir::DeviceGetLimitReq{.device = d->remote(), .limit = static_cast<uint32_t>(limit)});
+  if (!rep.ok()) return Return(ToCuda(rep.status()));
+  *value = static_cast<size_t>(rep->value);
+  return cudaSuccess;
+}
+
+// A preference (cudaFuncCache values are CUfunc_cache's), kept here for cudaDeviceGetCacheConfig
+// and set on the server's context without a round trip.
+TANDEM_API cudaError_t cudaDeviceSetCacheConfig(cudaFuncCache config) {
+  if (config < cudaFuncCachePreferNone || config > cudaFuncCachePreferEqual) return Return(cudaErrorInvalidValue);
+  Frontend& f = Frontend::Get();
+  std::lock_guard<std::mutex> lock(f.mu);
+  DeviceContext* d = nullptr;
+  TANDEM_RETURN_CUDA_IF_ERROR(Return(f.Current(&d)));
+  if (d->sticky != cudaSuccess) return Return(d->sticky);
+  d->session().Post(ir::DeviceSetCacheConfigReq{.device = d->remote(), .config = static_cast<uint32_t>(config)});
+  d->cache_config = config;
+  return cudaSuccess;
+}
+
+TANDEM_API cudaError_t cudaDeviceGetCacheConfig(cudaFuncCache* config) {
+  if (!config) return Return(cudaErrorInvalidValue);
+  Frontend& f = Frontend::Get();
+  std::lock_guard<std::mutex> lock(f.mu);
+  DeviceContext* d = nullptr;
+  TANDEM_RETURN_CUDA_IF_ERROR(Return(f.Current(&d)));
+  *config = d->cache_config;
+  return cudaSuccess;
+}
+
+// Bank size configuration ended with Kepler: on every GPU CUDA 13 runs on, the setters check
+// their argument and change nothing, and banks are four bytes wide, which is what CUDA answers.
+TANDEM_API cudaError_t cudaDeviceSetSharedMemConfig(cudaSharedMemConfig config) {
+  if (config < cudaSharedMemBankSizeDefault || config > cudaSharedMemBankSizeEightByte)
+    return Return(cudaErrorInvalidValue);
+  Frontend& f = Frontend::Get();
+  std::lock_guard<std::mutex> lock(f.mu);
+  DeviceContext* d = nullptr;
+  return Return(f.Current(&d));
+}
+
+TANDEM_API cudaError_t cudaDeviceGetSharedMemConfig(cudaSharedMemConfig* config) {
+  if (!config) return Return(cudaErrorInvalidValue);
+  Frontend& f = Frontend::Get();
+  std::lock_guard<std::mutex> lock(f.mu);
+  DeviceContext* d = nullptr;
+  TANDEM_RETURN_CUDA_IF_ERROR(Return(f.Current(&d)));
+  *config = cudaSharedMemBankSizeFourByte;
+  return cudaSuccess;
+}
+
+// ---- PCI bus ids, device initialisation ------------------------------------------------------
+
+// The string the server's driver gives (cuDeviceGetPCIBusId), truncated to `len` as CUDA does.
+// Devices of different servers may share a bus id.
+TANDEM_API cudaError_t cudaDeviceGetPCIBusId(char* bus_id, int len, int device) {
+  if (!bus_id || len <= 0) return Return(cudaErrorInvalidValue);
+  Frontend& f = Frontend::Get();
+  std::lock_guard<std::mutex> lock(f.mu);
+  std::vector<DeviceContext*>* list = nullptr;
+  TANDEM_RETURN_CUDA_IF_ERROR(Return(f.Devices(&list)));
+  if (device < 0 || static_cast<size_t>(device) >= list->size()) return Return(cudaErrorInvalidDevice);
+  const ir::bytes* id = (*list)[static_cast<size_t>(device)]->dev->Prop(ir::kCudaPciBusId);
+  if (!id) return Unsupported("cudaDeviceGetPCIBusId (the server did not report the bus id)");
+  const size_t n = std::min(id->size(), static_cast<size_t>(len) - 1);
+  std::memcpy(bus_id, id->data(), n);
+  bus_id[n] = '\0';
+  return cudaSuccess;
+}
+
+// The first device, in TANDEM_SERVERS order, whose bus id matches: domain, bus and device
+// numbers compared as numbers ("0000:1b:00.0", "1B:00"), as CUDA accepts either form.
+TANDEM_API cudaError_t cudaDeviceGetByPCIBusId(int* device, const char* bus_id) {
+  if (!device || !bus_id) return Return(cudaErrorInvalidValue);
+  auto parse = [](std::string_view s, unsigned* domain, unsigned* bus, unsigned* dev) {
+    unsigned v[3] = {0, 0, 0};
+    int n = 0;
+    size_t i = 0;
+    while (n < 3) {
+      size_t j = i;
+      unsigned x = 0;
+      while (j < s.size() && std::isxdigit(static_cast<unsigned char>(s[j])) && j - i < 8) {
+        x = x * 16 + static_cast<unsigned>(std::isdigit(static_cast<unsigned char>(s[j])) ? s[j] - '0'
+                                                                                           : std::tolower(s[j]) - 'a' + 10);
+        ++j;
+      }
+      if (j == i) return false;
+      v[n++] = x;
+      if (j == s.size() || s[j] == '.') break;
+      if (s[j] != ':') return false;
+      i = j + 1;
+    }
+    if (n == 2) {  // bus:device
+      *domain = 0, *bus = v[0], *dev = v[1];
+      return true;
+    }
+    if (n != 3) return false;
+    *domain = v[0], *bus = v[1], *dev = v[2];
+    return true;
+  };
+  unsigned want[3];
+  if (!parse(bus_id, &want[0], &want[1], &want[2])) return Return(cudaErrorInvalidValue);
+  Frontend& f = Frontend::Get();
+  std::lock_guard<std::mutex> lock(f.mu);
+  std::vector<DeviceContext*>* list = nullptr;
+  TANDEM_RETURN_CUDA_IF_ERROR(Return(f.Devices(&list)));
+  for (size_t i = 0; i < list->size(); ++i) {
+    const ir::bytes* id = (*list)[i]->dev->Prop(ir::kCudaPciBusId);
+    unsigned have[3];
+    if (id && parse(std::string_view(reinterpret_cast<const char*>(id->data()), id->size()), &have[0], &have[1], &have[2]) &&
+        std::equal(have, have + 3, want)) {
+      *device = static_cast<int>(i);
+      return cudaSuccess;
+    }
+  }
+  return Return(cudaErrorInvalidDevice);
+}
+
+// Sets the device up (its address range on both sides) without making it current; with
+// cudaInitDeviceFlagsAreValid, `device_flags` as cudaSetDeviceFlags would set them on it.
+TANDEM_API cudaError_t cudaInitDevice(int device, unsigned int device_flags, unsigned int flags) {
+  if (flags & ~static_cast<unsigned>(cudaInitDeviceFlagsAreValid)) return Return(cudaErrorInvalidValue);
+  const bool set_flags = flags & cudaInitDeviceFlagsAreValid;
+  if (set_flags && (device_flags & ~(cudaDeviceScheduleMask | cudaDeviceMapHost | cudaDeviceLmemResizeToMax |
+                                     cudaDeviceSyncMemops)))
+    return Return(cudaErrorInvalidValue);
+  Frontend& f = Frontend::Get();
+  std::lock_guard<std::mutex> lock(f.mu);
+  std::vector<DeviceContext*>* list = nullptr;
+  TANDEM_RETURN_CUDA_IF_ERROR(Return(f.Devices(&list)));
+  if (device < 0 || static_cast<size_t>(device) >= list->size()) return Return(cudaErrorInvalidDevice);
+  DeviceContext* d = nullptr;
+  TANDEM_RETURN_CUDA_IF_ERROR(Return(f.Device(device, &d)));
+  if (set_flags) d->flags = device_flags;
+  return cudaSuccess;
+}
+
+// Profiling happens where the kernels run: a profiler attached to this process sees no GPU
+// work, so these start and stop nothing, as natively when no profiler is attached.
+TANDEM_API cudaError_t cudaProfilerStart() {
+  static std::once_flag once;
+  std::call_once(once, [] { log::Info("cudaProfilerStart: the GPU work runs on the servers; profile tandemd there"); });
+  return cudaSuccess;
+}
+
+TANDEM_API cudaError_t cudaProfilerStop() { return cudaSuccess; }

@@ -62,6 +62,7 @@ struct Kernel {
   const void* host_fun = nullptr;
   std::string name;             // the mangled device name
   std::map<uint32_t, int32_t> attrs;  // cudaFuncSetAttribute values, applied on every device
+  std::optional<uint32_t> cache_config;  // cudaFuncSetCacheConfig's, applied on every device
 };
 
 struct Symbol {
@@ -100,6 +101,7 @@ struct DeviceContext {
   std::map<const Symbol*, std::pair<uint64_t, uint64_t>> globals;  // -> (address, size)
   cudaError_t sticky = cudaSuccess;
   unsigned flags = 0;             // cudaSetDeviceFlags
+  cudaFuncCache cache_config = cudaFuncCachePreferNone;  // cudaDeviceSetCacheConfig
   // The stream priorities of the device's context (least, greatest), asked of the server once.
   std::optional<std::pair<int, int>> priorities;
   // Events of other servers that a stream of this device waits on (cudaStreamWaitEvent), by
@@ -174,6 +176,17 @@ class Frontend {
   std::map<uintptr_t, HostRegion> host_regions;
   const HostRegion* FindHost(const void* p, size_t n) const;
 
+  // Memory cudaFreeAsync gave back: still allocated here and on the server until the stream
+  // it was freed on is known to be past the free (ReleaseFreedAsync).
+  struct FreedAsync {
+    int stream_device = 0;
+    uint64_t stream = 0;  // IR handle (0: that device's default stream)
+    uint64_t address = 0;
+    uint64_t order = 0;   // freed_async_count when it was freed
+  };
+  std::vector<FreedAsync> freed_async;
+  uint64_t freed_async_count = 0;
+
   // Streams and events: client objects whose addresses are the cudaStream_t / cudaEvent_t.
   std::map<const void*, std::unique_ptr<Stream>> streams;
   std::map<const void*, std::unique_ptr<Event>> events;
@@ -247,6 +260,11 @@ void ForgetFatBinary(const FatBinary* fb);
 
 // Kernel lookup for launches: by host stub (cudaLaunchKernel) or by cudaKernel_t. Needs mu.
 const Kernel* FindKernel(const void* host_fun_or_kernel);
+
+// Releases what cudaFreeAsync gave back on stream `stream` of device `stream_device` (on every
+// stream of it when `stream` is empty) up to the free numbered `up_to` (freed_async_count when
+// the caller posted the synchronize that it knows the device is past). Needs mu.
+void ReleaseFreedAsync(int stream_device, std::optional<uint64_t> stream, uint64_t up_to);
 
 // Where a pointer lives: on which device, and inside which allocation or symbol. Needs mu.
 struct DevicePtr {

@@ -174,6 +174,36 @@ TANDEM_API cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute 
   return cudaSuccess;
 }
 
+// Remembered on the kernel like its attributes, and set where it is loaded (a preference).
+TANDEM_API cudaError_t cudaFuncSetCacheConfig(const void* func, cudaFuncCache config) {
+  Frontend& f = Frontend::Get();
+  std::lock_guard<std::mutex> lock(f.mu);
+  DeviceContext* d = nullptr;
+  const Function* fn = nullptr;
+  const Kernel* k = nullptr;
+  TANDEM_RETURN_CUDA_IF_ERROR(Return(CurrentFunction(func, &d, &fn, &k)));
+  if (config < cudaFuncCachePreferNone || config > cudaFuncCachePreferEqual) return Return(cudaErrorInvalidValue);
+  const auto value = static_cast<uint32_t>(config);  // cudaFuncCache values are CUfunc_cache's
+  const_cast<Kernel*>(k)->cache_config = value;
+  for (DeviceContext* dev : f.known()) {
+    auto it = dev->functions.find(k);
+    if (it != dev->functions.end())
+      dev->session().Post(ir::FunctionSetCacheConfigReq{.function = it->second.handle, .config = value});
+  }
+  return cudaSuccess;
+}
+
+// Bank sizes are fixed on every GPU CUDA 13 supports: checked, and nothing changes (as in CUDA).
+TANDEM_API cudaError_t cudaFuncSetSharedMemConfig(const void* func, cudaSharedMemConfig config) {
+  Frontend& f = Frontend::Get();
+  std::lock_guard<std::mutex> lock(f.mu);
+  DeviceContext* d = nullptr;
+  const Function* fn = nullptr;
+  TANDEM_RETURN_CUDA_IF_ERROR(Return(CurrentFunction(func, &d, &fn, nullptr)));
+  if (config < cudaSharedMemBankSizeDefault || config > cudaSharedMemBankSizeEightByte) return Return(cudaErrorInvalidValue);
+  return cudaSuccess;
+}
+
 TANDEM_API cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* blocks, const void* func,
                                                                              int block_size, size_t shared,
                                                                              unsigned int flags) {

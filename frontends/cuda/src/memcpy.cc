@@ -319,9 +319,15 @@ TANDEM_API cudaError_t cudaMemsetAsync(void* ptr, int value, size_t n, cudaStrea
 }
 
 TANDEM_API cudaError_t cudaMemset2D(void* ptr, size_t pitch, int value, size_t width, size_t height) {
+  return cudaMemset2DAsync(ptr, pitch, value, width, height, nullptr);
+}
+
+// One fill per row, posted together (asynchronous like every fill).
+TANDEM_API cudaError_t cudaMemset2DAsync(void* ptr, size_t pitch, int value, size_t width, size_t height,
+                                         cudaStream_t stream) {
   if (width > pitch) return Return(cudaErrorInvalidValue);
   for (size_t row = 0; row < height; ++row)
-    TANDEM_RETURN_CUDA_IF_ERROR(Return(Fill(static_cast<uint8_t*>(ptr) + row * pitch, value, width, nullptr)));
+    TANDEM_RETURN_CUDA_IF_ERROR(Return(Fill(static_cast<uint8_t*>(ptr) + row * pitch, value, width, stream)));
   return cudaSuccess;
 }
 

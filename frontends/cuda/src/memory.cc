@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <iterator>
 
 #include "frontend.h"
@@ -55,7 +56,62 @@ DeviceContext* OwnerOf(uint64_t address) {
   return nullptr;
 }
 
+// Gives an allocation's addresses back: small ones to their chunk (kept for reuse), large ones
+// unmapped on the server. The caller knows no work still uses it. Needs mu.
+cudaError_t FreeNow(DeviceContext& d, uint64_t a) {
+  if (auto s = d.small.find(a); s != d.small.end()) {
+    d.allocations.at(s->second.first).carve->Free(a, s->second.second);
+    d.small.erase(s);
+    return cudaSuccess;
+  }
+  auto it = d.allocations.find(a);
+  if (it == d.allocations.end() || it->second.chunk) return cudaErrorInvalidValue;
+  d.session().Post(ir::BufferFreeReq{.buffer = it->second.handle});
+  d.va->Free(a, it->second.size);
+  d.allocated -= it->second.size;
+  d.allocations.erase(it);
+  return cudaSuccess;
+}
+
+bool IsAllocation(const DeviceContext& d, uint64_t a) {
+  if (d.small.contains(a)) return true;
+  auto it = d.allocations.find(a);
+  return it != d.allocations.end() && !it->second.chunk;
+}
+
+bool FreedAsync(uint64_t a) {
+  const auto& freed = Frontend::Get().freed_async;
+  return std::any_of(freed.begin(), freed.end(), [&](const Frontend::FreedAsync& x) { return x.address == a; });
+}
+
+// cudaMalloc and cudaMallocAsync on `d`, with `lock` held on Frontend::mu. When the device's
+// memory runs out while cudaFreeAsync holds some back, the device is synchronized (the lock
+// released meanwhile) and what it held is released before one more try.
+cudaError_t AllocateOrSync(std::unique_lock<std::mutex>& lock, DeviceContext& d, size_t size, uint64_t* address) {
+  if (size > d.va_size) return cudaErrorMemoryAllocation;  // more than the device's range
+  cudaError_t e = Allocate(d, size, address);
+  Frontend& f = Frontend::Get();
+  const bool held = std::any_of(f.freed_async.begin(), f.freed_async.end(),
+                                [&](const Frontend::FreedAsync& x) { return x.stream_device == d.index; });
+  if (e != cudaErrorMemoryAllocation || !held) return e;
+  lock.unlock();
+  const cudaError_t synced = SyncDevice(d);  // releases what was freed on d's streams
+  lock.lock();
+  if (synced != cudaSuccess) return synced;
+  return Allocate(d, size, address);
+}
+
 }  // namespace
+
+void ReleaseFreedAsync(int stream_device, std::optional<uint64_t> stream, uint64_t up_to) {
+  Frontend& f = Frontend::Get();
+  std::erase_if(f.freed_async, [&](const Frontend::FreedAsync& x) {
+    if (x.stream_device != stream_device || (stream && *stream != x.stream) || x.order > up_to) return false;
+    // The owner may have been reset meanwhile (cudaDeviceReset forgets its allocations).
+    if (DeviceContext* owner = OwnerOf(x.address); owner && IsAllocation(*owner, x.address)) FreeNow(*owner, x.address);
+    return true;
+  });
+}
 
 std::optional<DevicePtr> FindDevicePtr(const void* p) {
   const auto a = reinterpret_cast<uint64_t>(p);
@@ -95,15 +151,14 @@ using namespace tandem::cuda;
 TANDEM_API cudaError_t cudaMalloc(void** ptr, size_t size) {
   if (!ptr) return Return(cudaErrorInvalidValue);
   Frontend& f = Frontend::Get();
-  std::lock_guard<std::mutex> lock(f.mu);
+  std::unique_lock<std::mutex> lock(f.mu);
   DeviceContext* d = nullptr;
   TANDEM_RETURN_CUDA_IF_ERROR(Return(f.Current(&d)));
   if (d->sticky != cudaSuccess) return Return(d->sticky);
   *ptr = nullptr;
   if (size == 0) return cudaSuccess;
-  if (size > d->va_size) return Return(cudaErrorMemoryAllocation);  // more than the device's range
   uint64_t address = 0;
-  TANDEM_RETURN_CUDA_IF_ERROR(Return(Allocate(*d, size, &address)));
+  TANDEM_RETURN_CUDA_IF_ERROR(Return(AllocateOrSync(lock, *d, size, &address)));
   *ptr = reinterpret_cast<void*>(address);
   return cudaSuccess;
 }
@@ -123,19 +178,53 @@ TANDEM_API cudaError_t cudaFree(void* ptr) {
   }
   const cudaError_t synced = SyncDevice(*d);
   std::lock_guard<std::mutex> lock(f.mu);
-  if (auto s = d->small.find(a); s != d->small.end()) {
-    d->allocations.at(s->second.first).carve->Free(a, s->second.second);
-    d->small.erase(s);
-  } else {
-    auto it = d->allocations.find(a);
-    if (it == d->allocations.end() || it->second.chunk) return Return(cudaErrorInvalidValue);
-    d->session().Post(ir::BufferFreeReq{.buffer = it->second.handle});
-    d->va->Free(a, it->second.size);
-    d->allocated -= it->second.size;
-    d->allocations.erase(it);
-  }
+  // Already given back by cudaFreeAsync: a second free.
+  if (FreedAsync(a)) return Return(cudaErrorInvalidValue);
+  TANDEM_RETURN_CUDA_IF_ERROR(Return(FreeNow(*d, a)));
   // The memory is freed either way; an earlier asynchronous error is reported, as CUDA does.
   return synced == cudaSuccess ? cudaSuccess : Return(synced);
+}
+
+// Stream-ordered allocation, from the address range of the stream's device. Tandem keeps no
+// pools (cudaMallocFromPoolAsync and the cudaMemPool* calls are not supported): the memory is
+// allocated as cudaMalloc's, and what cudaFreeAsync gave back on the same stream is reused
+// first, since this stream's later work runs after the free.
+TANDEM_API cudaError_t cudaMallocAsync(void** ptr, size_t size, cudaStream_t stream) {
+  if (!ptr) return Return(cudaErrorInvalidValue);
+  Frontend& f = Frontend::Get();
+  std::unique_lock<std::mutex> lock(f.mu);
+  StreamRef s;
+  TANDEM_RETURN_CUDA_IF_ERROR(Return(ResolveStream(stream, &s)));
+  DeviceContext* d = nullptr;
+  TANDEM_RETURN_CUDA_IF_ERROR(Return(f.Device(s.device >= 0 ? s.device : CurrentIndex(), &d)));
+  if (d->sticky != cudaSuccess) return Return(d->sticky);
+  *ptr = nullptr;
+  if (size == 0) return cudaSuccess;
+  ReleaseFreedAsync(d->index, s.handle, f.freed_async_count);
+  uint64_t address = 0;
+  TANDEM_RETURN_CUDA_IF_ERROR(Return(AllocateOrSync(lock, *d, size, &address)));
+  *ptr = reinterpret_cast<void*>(address);
+  return cudaSuccess;
+}
+
+// Stream-ordered free: nothing waits here. The memory stays allocated until `stream` is known
+// to be past this point: a device synchronize of the stream's device, a synchronize of that
+// stream, or a cudaMallocAsync on it (which reuses it). Until then other allocations cannot
+// get its addresses, so work still running on it is never handed memory in use.
+TANDEM_API cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) {
+  if (!ptr) return cudaSuccess;
+  Frontend& f = Frontend::Get();
+  std::lock_guard<std::mutex> lock(f.mu);
+  StreamRef s;
+  TANDEM_RETURN_CUDA_IF_ERROR(Return(ResolveStream(stream, &s)));
+  DeviceContext* sd = nullptr;
+  TANDEM_RETURN_CUDA_IF_ERROR(Return(f.Device(s.device >= 0 ? s.device : CurrentIndex(), &sd)));
+  const auto a = reinterpret_cast<uint64_t>(ptr);
+  DeviceContext* owner = OwnerOf(a);
+  if (!owner || !IsAllocation(*owner, a) || FreedAsync(a)) return Return(cudaErrorInvalidValue);
+  f.freed_async.push_back(
+      Frontend::FreedAsync{.stream_device = sd->index, .stream = s.handle, .address = a, .order = ++f.freed_async_count});
+  return cudaSuccess;
 }
 
 TANDEM_API cudaError_t cudaMallocPitch(void** ptr, size_t* pitch, size_t width, size_t height) {

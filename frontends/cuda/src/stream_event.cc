@@ -269,8 +269,17 @@ TANDEM_API cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     if (d->sticky != cudaSuccess) return Return(d->sticky);
   }
   f.WaitCallbacks();
+  uint64_t freed = 0;  // what cudaFreeAsync gave back before this synchronize
+  {
+    std::lock_guard<std::mutex> lock(f.mu);
+    freed = f.freed_async_count;
+  }
   // Stream 0 is the legacy default stream, which orders after every blocking stream.
   Status st = d->session().Call(ir::StreamSyncReq{.stream = s.handle}).status();
+  if (st.ok()) {
+    std::lock_guard<std::mutex> lock(f.mu);
+    ReleaseFreedAsync(d->index, s.handle, freed);
+  }
   return Return(FinishSync(*d, st));
 }
 
@@ -478,5 +487,47 @@ TANDEM_API cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEv
   auto rep = d0->session().Call(ir::EventElapsedReq{.start = h0, .end = h1});
   if (!rep.ok()) return Return(ToCuda(rep.status()));
   *ms = static_cast<float>(rep->ms);
+  return cudaSuccess;
+}
+
+// ---- stream capture (graphs are not supported: no stream is ever capturing) --------------------
+
+TANDEM_API cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
+  if (!status) return Return(cudaErrorInvalidValue);
+  Frontend& f = Frontend::Get();
+  std::lock_guard<std::mutex> lock(f.mu);
+  StreamRef s;
+  TANDEM_RETURN_CUDA_IF_ERROR(Return(ResolveStream(stream, &s)));
+  *status = cudaStreamCaptureStatusNone;
+  return cudaSuccess;
+}
+
+// Outside a capture only the status is defined; the rest is left as CUDA leaves it.
+TANDEM_API cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream, cudaStreamCaptureStatus* status,
+                                                unsigned long long* /*id*/, cudaGraph_t* /*graph*/,
+                                                const cudaGraphNode_t** /*dependencies*/,
+                                                const cudaGraphEdgeData** /*edge_data*/, size_t* /*count*/) {
+  return cudaStreamIsCapturing(stream, status);
+}
+
+// The calling thread's capture interaction mode: exchanged, though with no capture it governs
+// nothing.
+TANDEM_API cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode* mode) {
+  if (!mode || (*mode != cudaStreamCaptureModeGlobal && *mode != cudaStreamCaptureModeThreadLocal &&
+                *mode != cudaStreamCaptureModeRelaxed))
+    return Return(cudaErrorInvalidValue);
+  thread_local cudaStreamCaptureMode current = cudaStreamCaptureModeGlobal;
+  std::swap(current, *mode);
+  return cudaSuccess;
+}
+
+TANDEM_API cudaError_t cudaStreamGetDevice(cudaStream_t stream, int* device) {
+  if (!device) return Return(cudaErrorInvalidValue);
+  Frontend& f = Frontend::Get();
+  std::lock_guard<std::mutex> lock(f.mu);
+  DeviceContext* d = nullptr;
+  StreamRef s;
+  TANDEM_RETURN_CUDA_IF_ERROR(Return(StreamTarget(stream, &d, &s)));
+  *device = d->index;
   return cudaSuccess;
 }

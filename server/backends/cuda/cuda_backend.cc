@@ -205,6 +205,9 @@ Status CudaBackend::OnDeviceInfo(const ir::DeviceInfoReq& req, ir::DeviceInfoRep
   rep->props.push_back(ir::Prop{ir::kCudaUuid, ir::bytes(uuid.bytes, uuid.bytes + sizeof(uuid.bytes))});
   AddProp(&rep->props, ir::kCudaDriverVersion, static_cast<uint32_t>(drv_->version), 4);
   // kCudaLuid stays absent: device LUIDs exist only on Windows.
+  char bus_id[64] = {};
+  TANDEM_RETURN_IF_ERROR(drv_->Check(drv_->cuDeviceGetPCIBusId(bus_id, sizeof(bus_id) - 1, dev), "cuDeviceGetPCIBusId"));
+  rep->props.push_back(ir::Prop{ir::kCudaPciBusId, ir::bytes(bus_id, bus_id + std::strlen(bus_id))});
   return Status::Ok();
 }
 
@@ -226,6 +229,32 @@ Status CudaBackend::OnPriorityRange(const ir::PriorityRangeReq& req, ir::Priorit
   rep->least = least;
   rep->greatest = greatest;
   return Status::Ok();
+}
+
+// CUlimit values are checked by the driver, which also refuses some limits once kernels ran.
+Status CudaBackend::OnDeviceSetLimit(const ir::DeviceSetLimitReq& req, ir::DeviceSetLimitRep*) {
+  TANDEM_RETURN_IF_ERROR(CheckDevice(req.device));
+  const auto device = static_cast<uint32_t>(req.device);
+  TANDEM_RETURN_IF_ERROR(Enter(device));
+  return Check(device, drv_->cuCtxSetLimit(static_cast<CUlimit>(req.limit), req.value), "cuCtxSetLimit");
+}
+
+Status CudaBackend::OnDeviceGetLimit(const ir::DeviceGetLimitReq& req, ir::DeviceGetLimitRep* rep) {
+  TANDEM_RETURN_IF_ERROR(CheckDevice(req.device));
+  const auto device = static_cast<uint32_t>(req.device);
+  TANDEM_RETURN_IF_ERROR(Enter(device));
+  size_t value = 0;
+  TANDEM_RETURN_IF_ERROR(Check(device, drv_->cuCtxGetLimit(&value, static_cast<CUlimit>(req.limit)), "cuCtxGetLimit"));
+  rep->value = value;
+  return Status::Ok();
+}
+
+Status CudaBackend::OnDeviceSetCacheConfig(const ir::DeviceSetCacheConfigReq& req, ir::DeviceSetCacheConfigRep*) {
+  TANDEM_RETURN_IF_ERROR(CheckDevice(req.device));
+  if (req.config > CU_FUNC_CACHE_PREFER_EQUAL) return Status::Invalid(fmt::format("cache configuration {}", req.config));
+  const auto device = static_cast<uint32_t>(req.device);
+  TANDEM_RETURN_IF_ERROR(Enter(device));
+  return Check(device, drv_->cuCtxSetCacheConfig(static_cast<CUfunc_cache>(req.config)), "cuCtxSetCacheConfig");
 }
 
 Status CudaBackend::OnMemInfo(const ir::MemInfoReq& req, ir::MemInfoRep* rep) {

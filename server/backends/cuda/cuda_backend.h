@@ -43,6 +43,9 @@ class CudaBackend final : public Backend {
   Status OnDeviceSync(const ir::DeviceSyncReq&, ir::DeviceSyncRep*) override;
   Status OnMemInfo(const ir::MemInfoReq&, ir::MemInfoRep*) override;
   Status OnPriorityRange(const ir::PriorityRangeReq&, ir::PriorityRangeRep*) override;
+  Status OnDeviceSetLimit(const ir::DeviceSetLimitReq&, ir::DeviceSetLimitRep*) override;
+  Status OnDeviceGetLimit(const ir::DeviceGetLimitReq&, ir::DeviceGetLimitRep*) override;
+  Status OnDeviceSetCacheConfig(const ir::DeviceSetCacheConfigReq&, ir::DeviceSetCacheConfigRep*) override;
   Status OnWarm(const ir::WarmReq&, ir::WarmRep*) override;
   Status OnDeviceReset(const ir::DeviceResetReq&, ir::DeviceResetRep*) override;
   // Memory (cuda_memory.cc, cuda_transfer.cc)
@@ -62,6 +65,7 @@ class CudaBackend final : public Backend {
   Status OnFunctionGet(const ir::FunctionGetReq&, ir::FunctionGetRep*) override;
   Status OnFunctionFree(const ir::FunctionFreeReq&, ir::FunctionFreeRep*) override;
   Status OnFunctionSetAttr(const ir::FunctionSetAttrReq&, ir::FunctionSetAttrRep*) override;
+  Status OnFunctionSetCacheConfig(const ir::FunctionSetCacheConfigReq&, ir::FunctionSetCacheConfigRep*) override;
   Status OnOccupancy(const ir::OccupancyReq&, ir::OccupancyRep*) override;
   // Launch (cuda_launch.cc)
   Status OnLaunch(const ir::LaunchReq&, ir::LaunchRep*) override;

@@ -26,7 +26,8 @@ namespace tandem::server::cuda {
   R(cuDeviceTotalMem, 3020) R(cuDeviceGetUuid, 11040) R(cuDevicePrimaryCtxRetain, 7000)                    \
   R(cuDevicePrimaryCtxRelease, 11000) R(cuDevicePrimaryCtxReset, 11000)                                    \
   R(cuCtxSetCurrent, 4000) R(cuCtxGetCurrent, 4000) R(cuCtxSynchronize, 2000)                              \
-  R(cuCtxGetStreamPriorityRange, 5050)                                                                     \
+  R(cuCtxGetStreamPriorityRange, 5050) R(cuCtxSetLimit, 3010) R(cuCtxGetLimit, 3010)                       \
+  R(cuCtxSetCacheConfig, 3020) R(cuFuncSetCacheConfig, 3000) R(cuDeviceGetPCIBusId, 4010)                 \
   R(cuMemGetInfo, 3020) R(cuMemGetAllocationGranularity, 10020) R(cuMemAddressReserve, 10020)             \
   R(cuMemAddressFree, 10020) R(cuMemCreate, 10020) R(cuMemRelease, 10020) R(cuMemMap, 10020)               \
   R(cuMemUnmap, 10020) R(cuMemSetAccess, 10020)                                                            \

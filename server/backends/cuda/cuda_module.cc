@@ -197,6 +197,16 @@ Status CudaBackend::OnFunctionSetAttr(const ir::FunctionSetAttrReq& req, ir::Fun
                "cuFuncSetAttribute");
 }
 
+Status CudaBackend::OnFunctionSetCacheConfig(const ir::FunctionSetCacheConfigReq& req,
+                                             ir::FunctionSetCacheConfigRep*) {
+  auto it = functions_.find(req.function);
+  if (it == functions_.end()) return Status::Unknown(fmt::format("unknown function {}", req.function));
+  if (req.config > CU_FUNC_CACHE_PREFER_EQUAL) return Status::Invalid(fmt::format("cache configuration {}", req.config));
+  const Function& f = it->second;
+  TANDEM_RETURN_IF_ERROR(Enter(f.device));
+  return Check(f.device, drv_->cuFuncSetCacheConfig(f.fn, static_cast<CUfunc_cache>(req.config)), "cuFuncSetCacheConfig");
+}
+
 Status CudaBackend::OnOccupancy(const ir::OccupancyReq& req, ir::OccupancyRep* rep) {
   auto it = functions_.find(req.function);
   if (it == functions_.end()) return Status::Unknown(fmt::format("unknown function {}", req.function));

@@ -204,6 +204,7 @@ inline constexpr uint32_t kCudaTotalMem = 0x20001;       // u64 bytes
 inline constexpr uint32_t kCudaUuid = 0x20002;           // 16 bytes
 inline constexpr uint32_t kCudaDriverVersion = 0x20003;  // int32 (cuDriverGetVersion)
 inline constexpr uint32_t kCudaLuid = 0x20004;           // 8 bytes + u32 node mask (may be absent)
+inline constexpr uint32_t kCudaPciBusId = 0x20005;       // cuDeviceGetPCIBusId's string, no NUL (may be absent)
 // Function attribute keys (FunctionInfo::attrs) for CUDA: kCudaFuncAttrBase + CUfunction_attribute (int32).
 inline constexpr uint32_t kCudaFuncAttrBase = 0x30000;
 
