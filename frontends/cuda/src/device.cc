@@ -269,9 +269,12 @@ TANDEM_API cudaError_t cudaDeviceReset() {
   f.WaitCallbacks();
   auto rep = d->session().Call(ir::DeviceResetReq{.device = d->remote()});
   d->session().TakeAsyncErrors();
+  // This device's own allocations are gone on the server and forgotten below; frees of other
+  // devices' memory made on this device's streams are past now, and given back.
   std::erase_if(f.freed_async, [&](const Frontend::FreedAsync& x) {
-    return x.stream_device == d->index || (x.address >= d->va_base && x.address - d->va_base < d->va_size);
+    return x.address >= d->va_base && x.address - d->va_base < d->va_size;
   });
+  ReleaseFreedAsync(d->index, std::nullopt, f.freed_async_count);
   d->allocations.clear();
   d->small.clear();
   d->allocated = 0;
@@ -345,6 +348,7 @@ TANDEM_API cudaError_t cudaDeviceDisablePeerAccess(int peer) {
 // Asked of the server's context: the driver checks the value, and refuses some limits once
 // kernels ran (cudaErrorUnsupportedLimit, cudaErrorInvalidValue). cudaLimit values are CUlimit's.
 TANDEM_API cudaError_t cudaDeviceSetLimit(cudaLimit limit, size_t value) {
+  if (limit < cudaLimitStackSize || limit > cudaLimitPersistingL2CacheSize) return Return(cudaErrorUnsupportedLimit);
   Frontend& f = Frontend::Get();
   DeviceContext* d = nullptr;
   {
@@ -352,6 +356,8 @@ TANDEM_API cudaError_t cudaDeviceSetLimit(cudaLimit limit, size_t value) {
     TANDEM_RETURN_CUDA_IF_ERROR(Return(f.Current(&d)));
     if (d->sticky != cudaSuccess) return Return(d->sticky);
   }
+  // Setting the stack size waits for the device's work, which a host callback's gate may hold.
+  f.WaitCallbacks();
   auto rep = d->session().Call(
       ir::DeviceSetLimitReq{.device = d->remote(), .limit = static_cast<uint32_t>(limit), .value = value});
   return rep.ok() ? cudaSuccess : Return(ToCuda(rep.status()));
@@ -359,6 +365,7 @@ TANDEM_API cudaError_t cudaDeviceSetLimit(cudaLimit limit, size_t value) {
 
 TANDEM_API cudaError_t cudaDeviceGetLimit(size_t* value, cudaLimit limit) {
   if (!value) return Return(cudaErrorInvalidValue);
+  if (limit < cudaLimitStackSize || limit > cudaLimitPersistingL2CacheSize) return Return(cudaErrorUnsupportedLimit);
   Frontend& f = Frontend::Get();
   DeviceContext* d = nullptr;
   {

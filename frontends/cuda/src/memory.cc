@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <iterator>
+#include <set>
 
 #include "frontend.h"
 
@@ -85,20 +86,40 @@ bool FreedAsync(uint64_t a) {
 }
 
 // cudaMalloc and cudaMallocAsync on `d`, with `lock` held on Frontend::mu. When the device's
-// memory runs out while cudaFreeAsync holds some back, the device is synchronized (the lock
-// released meanwhile) and what it held is released before one more try.
+// memory runs out while cudaFreeAsync holds some of it back, the devices whose streams those
+// frees were made on are synchronized (the lock released meanwhile), which releases them,
+// before one more try.
 cudaError_t AllocateOrSync(std::unique_lock<std::mutex>& lock, DeviceContext& d, size_t size, uint64_t* address) {
   if (size > d.va_size) return cudaErrorMemoryAllocation;  // more than the device's range
   cudaError_t e = Allocate(d, size, address);
+  if (e != cudaErrorMemoryAllocation) return e;
   Frontend& f = Frontend::Get();
-  const bool held = std::any_of(f.freed_async.begin(), f.freed_async.end(),
-                                [&](const Frontend::FreedAsync& x) { return x.stream_device == d.index; });
-  if (e != cudaErrorMemoryAllocation || !held) return e;
+  std::set<int> stream_devices;
+  for (const Frontend::FreedAsync& x : f.freed_async)
+    if (x.stream_device == d.index || OwnerOf(x.address) == &d) stream_devices.insert(x.stream_device);
+  if (stream_devices.empty()) return e;
+  std::vector<DeviceContext*> sync;
+  for (int i : stream_devices)
+    if (DeviceContext* sd = f.Existing(i)) sync.push_back(sd);
   lock.unlock();
-  const cudaError_t synced = SyncDevice(d);  // releases what was freed on d's streams
+  cudaError_t synced = cudaSuccess;
+  for (DeviceContext* sd : sync)
+    if (cudaError_t r = SyncDevice(*sd); r != cudaSuccess && synced == cudaSuccess) synced = r;
   lock.lock();
   if (synced != cudaSuccess) return synced;
+  if (d.sticky != cudaSuccess) return d.sticky;
   return Allocate(d, size, address);
+}
+
+// The size an allocation of `size` bytes takes (as Allocate rounds it), and the size of the
+// allocation at `a`.
+uint64_t Footprint(const DeviceContext& d, uint64_t size) {
+  return size > kSmallLimit ? RoundUp(size, d.granularity) : RoundUp(size, kSmallAlign);
+}
+uint64_t AllocationSize(const DeviceContext& d, uint64_t a) {
+  if (auto s = d.small.find(a); s != d.small.end()) return s->second.second;
+  auto it = d.allocations.find(a);
+  return it == d.allocations.end() ? 0 : it->second.size;
 }
 
 }  // namespace
@@ -187,8 +208,9 @@ TANDEM_API cudaError_t cudaFree(void* ptr) {
 
 // Stream-ordered allocation, from the address range of the stream's device. Tandem keeps no
 // pools (cudaMallocFromPoolAsync and the cudaMemPool* calls are not supported): the memory is
-// allocated as cudaMalloc's, and what cudaFreeAsync gave back on the same stream is reused
-// first, since this stream's later work runs after the free.
+// allocated as cudaMalloc's, except that a block of the same size that cudaFreeAsync gave
+// back on this same stream is handed out again as it is: this stream's later work runs after
+// that free, and no other stream or allocation ever gets it before the stream is known past it.
 TANDEM_API cudaError_t cudaMallocAsync(void** ptr, size_t size, cudaStream_t stream) {
   if (!ptr) return Return(cudaErrorInvalidValue);
   Frontend& f = Frontend::Get();
@@ -200,7 +222,15 @@ TANDEM_API cudaError_t cudaMallocAsync(void** ptr, size_t size, cudaStream_t str
   if (d->sticky != cudaSuccess) return Return(d->sticky);
   *ptr = nullptr;
   if (size == 0) return cudaSuccess;
-  ReleaseFreedAsync(d->index, s.handle, f.freed_async_count);
+  const uint64_t footprint = Footprint(*d, size);
+  for (auto it = f.freed_async.rbegin(); it != f.freed_async.rend(); ++it) {
+    if (it->stream_device != d->index || it->stream != s.handle || OwnerOf(it->address) != d ||
+        AllocationSize(*d, it->address) != footprint)
+      continue;
+    *ptr = reinterpret_cast<void*>(it->address);
+    f.freed_async.erase(std::next(it).base());
+    return cudaSuccess;
+  }
   uint64_t address = 0;
   TANDEM_RETURN_CUDA_IF_ERROR(Return(AllocateOrSync(lock, *d, size, &address)));
   *ptr = reinterpret_cast<void*>(address);
@@ -208,9 +238,10 @@ TANDEM_API cudaError_t cudaMallocAsync(void** ptr, size_t size, cudaStream_t str
 }
 
 // Stream-ordered free: nothing waits here. The memory stays allocated until `stream` is known
-// to be past this point: a device synchronize of the stream's device, a synchronize of that
-// stream, or a cudaMallocAsync on it (which reuses it). Until then other allocations cannot
-// get its addresses, so work still running on it is never handed memory in use.
+// to be past this point (a synchronize of the stream's device or of that stream) and is given
+// back then; meanwhile only a cudaMallocAsync of the same size on the same stream gets it.
+// Other allocations cannot get its addresses, so work still running on it is never handed
+// memory in use.
 TANDEM_API cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) {
   if (!ptr) return cudaSuccess;
   Frontend& f = Frontend::Get();

@@ -205,9 +205,10 @@ Status CudaBackend::OnDeviceInfo(const ir::DeviceInfoReq& req, ir::DeviceInfoRep
   rep->props.push_back(ir::Prop{ir::kCudaUuid, ir::bytes(uuid.bytes, uuid.bytes + sizeof(uuid.bytes))});
   AddProp(&rep->props, ir::kCudaDriverVersion, static_cast<uint32_t>(drv_->version), 4);
   // kCudaLuid stays absent: device LUIDs exist only on Windows.
+  // A driver that will not say leaves the bus id absent (the client answers not supported).
   char bus_id[64] = {};
-  TANDEM_RETURN_IF_ERROR(drv_->Check(drv_->cuDeviceGetPCIBusId(bus_id, sizeof(bus_id) - 1, dev), "cuDeviceGetPCIBusId"));
-  rep->props.push_back(ir::Prop{ir::kCudaPciBusId, ir::bytes(bus_id, bus_id + std::strlen(bus_id))});
+  if (drv_->cuDeviceGetPCIBusId(bus_id, sizeof(bus_id) - 1, dev) == CUDA_SUCCESS)
+    rep->props.push_back(ir::Prop{ir::kCudaPciBusId, ir::bytes(bus_id, bus_id + std::strlen(bus_id))});
   return Status::Ok();
 }
 

@@ -28,6 +28,19 @@ __global__ void sum_into(const int* v, int n, unsigned long long* out) {
   if (i < n) atomicAdd(out, (unsigned long long)v[i]);
 }
 
+// One block: thread 0 waits about `spin` clocks, then the block sums v into *out.
+__global__ void slow_sum(const int* v, int n, unsigned long long* out, long long spin) {
+  if (threadIdx.x == 0) {
+    const long long t0 = clock64();
+    while (clock64() - t0 < spin) {
+    }
+  }
+  __syncthreads();
+  unsigned long long s = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) s += (unsigned long long)v[i];
+  atomicAdd(out, s);
+}
+
 int main() {
   // Limits: set, read back, used by a kernel; an unknown limit is refused by the driver.
   size_t heap = 0, stack = 0, fifo = 0;
@@ -114,6 +127,30 @@ int main() {
   CHECK(cudaMemcpyAsync(&have, total, sizeof have, cudaMemcpyDeviceToHost, s));
   CHECK(cudaStreamSynchronize(s));
   printf("50 rounds of stream-ordered allocations: %s\n", have == want ? "sums match" : "WRONG SUM");
+
+  // Memory freed on s while a kernel there still reads it is not handed to another stream's
+  // allocation: t's allocation and fill must not reach it before the kernel has summed it.
+  {
+    const int m = 2048;
+    int* a = nullptr;
+    CHECK(cudaMallocAsync(reinterpret_cast<void**>(&a), m * sizeof(int), s));
+    CHECK(cudaMemsetAsync(total, 0, sizeof *total, s));
+    fill<<<m / 256, 256, 0, s>>>(a, m, 5);
+    slow_sum<<<1, 256, 0, s>>>(a, m, total, 200000000ll);
+    CHECK(cudaFreeAsync(a, s));
+    int* b = nullptr;
+    CHECK(cudaMallocAsync(reinterpret_cast<void**>(&b), 256, s));
+    int* c = nullptr;
+    CHECK(cudaMallocAsync(reinterpret_cast<void**>(&c), m * sizeof(int), t));
+    CHECK(cudaMemsetAsync(c, 0xff, m * sizeof(int), t));
+    CHECK(cudaFreeAsync(b, s));
+    CHECK(cudaFreeAsync(c, t));
+    CHECK(cudaDeviceSynchronize());
+    unsigned long long sum = 0, expect = 0;
+    for (int i = 0; i < m; ++i) expect += 5 + i;
+    CHECK(cudaMemcpy(&sum, total, sizeof sum, cudaMemcpyDeviceToHost));
+    printf("memory freed under a running kernel: %s\n", sum == expect ? "kept until it finished" : "REUSED TOO EARLY");
+  }
 
   // More than the device holds, 1/4 of it at a time, each freed on the stream before the next:
   // only possible if the frees are carried out.
