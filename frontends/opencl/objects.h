@@ -322,6 +322,9 @@ struct _cl_program : tandem::ocl::Object<_cl_program> {
     uint64_t module = 0;
     bool loaded = true;  // false once the server said it never created the module
     cl_build_status status = CL_BUILD_NONE;
+    // What the last successful build, compile or link made (NONE: nothing yet; a program
+    // from a binary is answered as an executable).
+    cl_program_binary_type binary_type = CL_PROGRAM_BINARY_TYPE_NONE;
     std::string options, log;
     std::vector<tandem::ir::FunctionInfo> functions;
     std::optional<std::vector<uint8_t>> binary;  // fetched once (or given by the application)

@@ -9,7 +9,25 @@
 namespace tandem::ocl {
 namespace {
 
-bool Built(const _cl_program::PerDevice& pd) { return pd.status == CL_BUILD_SUCCESS; }
+// Built into an executable: kernels can be made (a compiled object or a library has none).
+bool Built(const _cl_program::PerDevice& pd) {
+  return pd.status == CL_BUILD_SUCCESS && pd.binary_type == CL_PROGRAM_BINARY_TYPE_EXECUTABLE;
+}
+
+// The devices a build, compile or link runs for: the list given, or every device of `all`.
+cl_int Targets(cl_program p, cl_uint num_devices, const cl_device_id* device_list,
+               std::vector<std::pair<cl_device_id, uint64_t>>* targets) {
+  if (device_list) {
+    for (cl_uint i = 0; i < num_devices; ++i) {
+      auto* pd = p->For(device_list[i]);
+      if (!pd) return CL_INVALID_DEVICE;
+      targets->emplace_back(pd->device, pd->module);
+    }
+  } else {
+    for (auto& pd : p->per_device) targets->emplace_back(pd.device, pd.module);
+  }
+  return CL_SUCCESS;
+}
 
 // Loads one module per device, posted: creation never waits.
 cl_program MakeProgram(cl_context context, const std::vector<cl_device_id>& devices, ir::ModuleKind kind,
@@ -123,15 +141,7 @@ cl_int BuildProgram(cl_program p, cl_uint num_devices, const cl_device_id* devic
     if (p->kernels > 0) return CL_INVALID_OPERATION;
     for (auto& pd : p->per_device)
       if (pd.status == CL_BUILD_IN_PROGRESS) return CL_INVALID_OPERATION;
-    if (device_list) {
-      for (cl_uint i = 0; i < num_devices; ++i) {
-        auto* pd = p->For(device_list[i]);
-        if (!pd) return CL_INVALID_DEVICE;
-        targets.emplace_back(pd->device, pd->module);
-      }
-    } else {
-      for (auto& pd : p->per_device) targets.emplace_back(pd.device, pd.module);
-    }
+    if (cl_int e = Targets(p, num_devices, device_list, &targets); e != CL_SUCCESS) return e;
     for (auto& t : targets) p->For(t.first)->status = CL_BUILD_IN_PROGRESS;
   }
   cl_int result = CL_SUCCESS;
@@ -143,8 +153,10 @@ cl_int BuildProgram(cl_program p, cl_uint num_devices, const cl_device_id* devic
     pd->options = opts;
     pd->binary.reset();
     pd->functions.clear();
+    pd->binary_type = CL_PROGRAM_BINARY_TYPE_NONE;
     if (r.ok() && r->status == CL_SUCCESS) {
       pd->status = CL_BUILD_SUCCESS;
+      pd->binary_type = CL_PROGRAM_BINARY_TYPE_EXECUTABLE;
       pd->log = std::move(r->log);
       pd->functions = std::move(r->functions);
       continue;
@@ -169,6 +181,152 @@ cl_int BuildProgram(cl_program p, cl_uint num_devices, const cl_device_id* devic
   }
   if (notify) notify(p, data);
   return result;
+}
+
+// Compiles on each device in turn, like a build; the headers are programs from source of the
+// same context, sent as their modules on that device.
+cl_int CompileProgram(cl_program p, cl_uint num_devices, const cl_device_id* device_list, const char* options,
+                      cl_uint num_headers, const cl_program* headers, const char** header_names,
+                      void(CL_CALLBACK* notify)(cl_program, void*), void* data) {
+  if (!Valid(p)) return CL_INVALID_PROGRAM;
+  if ((num_devices == 0) != (device_list == nullptr) || (!notify && data)) return CL_INVALID_VALUE;
+  if ((num_headers == 0) != (headers == nullptr) || (num_headers != 0 && !header_names)) return CL_INVALID_VALUE;
+  for (cl_uint i = 0; i < num_headers; ++i) {
+    if (!Valid(headers[i])) return CL_INVALID_PROGRAM;
+    if (!header_names[i] || !*header_names[i] || headers[i]->context != p->context) return CL_INVALID_VALUE;
+  }
+  if (p->from_binary) return CL_INVALID_OPERATION;  // only a program from source compiles
+  std::vector<std::pair<cl_device_id, uint64_t>> targets;
+  {
+    std::lock_guard lock(p->mu);
+    if (p->kernels > 0) return CL_INVALID_OPERATION;
+    for (auto& pd : p->per_device)
+      if (pd.status == CL_BUILD_IN_PROGRESS) return CL_INVALID_OPERATION;
+    if (cl_int e = Targets(p, num_devices, device_list, &targets); e != CL_SUCCESS) return e;
+    for (auto& t : targets) p->For(t.first)->status = CL_BUILD_IN_PROGRESS;
+  }
+  ir::bytes names;
+  for (cl_uint i = 0; i < num_headers; ++i) {
+    names.insert(names.end(), header_names[i], header_names[i] + std::strlen(header_names[i]));
+    names.push_back(0);
+  }
+  cl_int result = CL_SUCCESS;
+  const std::string opts = options ? options : "";
+  for (auto& [device, module] : targets) {
+    ir::ModuleCompileReq req{.module = module, .options = opts, .headers = {}, .header_names = names};
+    bool missing = false;
+    for (cl_uint i = 0; i < num_headers; ++i) {
+      std::lock_guard hl(headers[i]->mu);
+      const auto* hd = headers[i]->For(device);
+      if (!hd || headers[i]->from_binary) missing = true;
+      else req.headers.push_back(hd->module);
+    }
+    auto r = missing ? Result<ir::ModuleCompileRep>(Status::Invalid("a header program is not from source on this device"))
+                     : CallOn(device->session(), req);
+    std::lock_guard lock(p->mu);
+    auto* pd = p->For(device);
+    pd->options = opts;
+    pd->binary.reset();
+    pd->functions.clear();
+    pd->binary_type = CL_PROGRAM_BINARY_TYPE_NONE;
+    if (r.ok() && r->status == CL_SUCCESS) {
+      pd->status = CL_BUILD_SUCCESS;
+      pd->binary_type = CL_PROGRAM_BINARY_TYPE_COMPILED_OBJECT;
+      pd->log = std::move(r->log);
+      continue;
+    }
+    pd->status = CL_BUILD_ERROR;
+    if (missing) {
+      pd->log = r.status().message();
+      if (result == CL_SUCCESS) result = CL_INVALID_OPERATION;
+    } else if (r.ok()) {
+      pd->log = std::move(r->log);
+      if (result == CL_SUCCESS) result = r->status < 0 ? r->status : CL_COMPILE_PROGRAM_FAILURE;
+    } else {
+      pd->log = r.status().ToString();
+      if (result == CL_SUCCESS) result = ToCl(r.status(), "clCompileProgram");
+    }
+  }
+  if (notify) notify(p, data);
+  return result;
+}
+
+// A new program: one link per device, of the inputs' modules there. A link that ran and
+// failed returns the program (its log readable) with CL_LINK_PROGRAM_FAILURE where the
+// server's implementation made one on some device, and no program where none did (PoCL).
+cl_program LinkProgram(cl_context context, cl_uint num_devices, const cl_device_id* device_list, const char* options,
+                       cl_uint num_inputs, const cl_program* inputs, void(CL_CALLBACK* notify)(cl_program, void*),
+                       void* data, cl_int* errcode_ret) {
+  if (!Valid(context)) return SetErr(errcode_ret, CL_INVALID_CONTEXT), nullptr;
+  if ((num_devices == 0) != (device_list == nullptr) || num_inputs == 0 || !inputs || (!notify && data))
+    return SetErr(errcode_ret, CL_INVALID_VALUE), nullptr;
+  std::vector<cl_device_id> devices;
+  if (device_list) {
+    for (cl_uint i = 0; i < num_devices; ++i) {
+      if (!context->Has(device_list[i])) return SetErr(errcode_ret, CL_INVALID_DEVICE), nullptr;
+      devices.push_back(device_list[i]);
+    }
+  } else {
+    devices = context->devices;
+  }
+  // Each input must hold a compiled object or a library for every device linked for.
+  std::vector<std::vector<uint64_t>> modules(devices.size());
+  for (cl_uint i = 0; i < num_inputs; ++i) {
+    if (!Valid(inputs[i])) return SetErr(errcode_ret, CL_INVALID_PROGRAM), nullptr;
+    if (inputs[i]->context != context) return SetErr(errcode_ret, CL_INVALID_CONTEXT), nullptr;
+    std::lock_guard lock(inputs[i]->mu);
+    for (size_t d = 0; d < devices.size(); ++d) {
+      const auto* pd = inputs[i]->For(devices[d]);
+      if (!pd || pd->status != CL_BUILD_SUCCESS ||
+          (pd->binary_type != CL_PROGRAM_BINARY_TYPE_COMPILED_OBJECT && pd->binary_type != CL_PROGRAM_BINARY_TYPE_LIBRARY))
+        return SetErr(errcode_ret, CL_INVALID_OPERATION), nullptr;
+      modules[d].push_back(pd->module);
+    }
+  }
+  auto p = std::make_unique<_cl_program>();
+  p->context = context;
+  const std::string opts = options ? options : "";
+  cl_int result = CL_SUCCESS;
+  for (size_t d = 0; d < devices.size(); ++d) {
+    _cl_program::PerDevice pd;
+    pd.device = devices[d];
+    pd.module = client::Runtime::Get().NewHandle();
+    pd.options = opts;
+    auto r = CallOn(devices[d]->session(), ir::ModuleLinkReq{.module = pd.module,
+                                                             .device = devices[d]->remote->remote_index,
+                                                             .options = opts,
+                                                             .inputs = modules[d]});
+    pd.loaded = r.ok() && r->created;
+    if (r.ok() && r->status == CL_SUCCESS) {
+      pd.status = CL_BUILD_SUCCESS;
+      pd.binary_type = static_cast<cl_program_binary_type>(r->binary_type);
+      pd.log = std::move(r->log);
+      pd.functions = std::move(r->functions);
+    } else {
+      pd.status = CL_BUILD_ERROR;
+      if (r.ok()) {
+        pd.log = std::move(r->log);
+        if (result == CL_SUCCESS) result = r->status == CL_LINK_PROGRAM_FAILURE || r->status >= 0 ? CL_LINK_PROGRAM_FAILURE
+                                                                                                  : r->status;
+      } else {
+        pd.log = r.status().ToString();
+        if (result == CL_SUCCESS) result = ToCl(r.status(), "clLinkProgram");
+      }
+    }
+    p->per_device.push_back(std::move(pd));
+  }
+  const bool created = std::any_of(p->per_device.begin(), p->per_device.end(), [](const auto& pd) { return pd.loaded; });
+  context->Hold();
+  cl_program out = Publish(p.release());
+  if (notify) notify(out, data);
+  // A failure of the link itself keeps the program (for its log) if a device made one; any
+  // other drops it.
+  if (result != CL_SUCCESS && (result != CL_LINK_PROGRAM_FAILURE || !created)) {
+    ReleaseProgram(out);
+    return SetErr(errcode_ret, result), nullptr;
+  }
+  SetErr(errcode_ret, result);
+  return out;
 }
 
 cl_int GetProgramInfo(cl_program p, cl_program_info param, size_t size, void* value, size_t* size_ret) {
@@ -241,8 +399,8 @@ cl_int GetProgramBuildInfo(cl_program p, cl_device_id device, cl_program_build_i
     case CL_PROGRAM_BUILD_LOG:
       return AnswerString(size, value, size_ret, pd->log);
     case CL_PROGRAM_BINARY_TYPE: {
-      cl_program_binary_type t = Built(*pd) || p->from_binary ? CL_PROGRAM_BINARY_TYPE_EXECUTABLE
-                                                              : CL_PROGRAM_BINARY_TYPE_NONE;
+      cl_program_binary_type t = pd->binary_type;
+      if (t == CL_PROGRAM_BINARY_TYPE_NONE && p->from_binary) t = CL_PROGRAM_BINARY_TYPE_EXECUTABLE;
       return AnswerValue(size, value, size_ret, t);
     }
     default:

@@ -603,6 +603,52 @@ TEST_F(OpenCLBackendTest, FailingBuildReturnsItsLog) {
   EXPECT_TRUE(rep.functions.empty());
 }
 
+// Separate compilation through the IR, and what a client cannot make the server do: headers
+// that do not exist or do not match their names, links of nothing or of unknown modules.
+TEST_F(OpenCLBackendTest, CompileWithHeadersThenLinkAndRefuseBadInputs) {
+  auto load = [&](uint64_t module, const std::string& src) {
+    ir::ModuleLoadRep rep;
+    ASSERT_TRUE(
+        be_->OnModuleLoad({module, 0, static_cast<uint32_t>(ir::ModuleKind::kOpenCLSource), Bytes(src)}, &rep).ok());
+  };
+  load(1, "int twice(int x);\n");
+  load(2, "#include \"lib.h\"\nint twice(int x) { return 2 * x; }\n");
+  load(3, "#include \"lib.h\"\n__kernel void k(__global int* v) { v[get_global_id(0)] = twice(v[get_global_id(0)]); }\n");
+  const ir::bytes name = Bytes(std::string("lib.h") + '\0');
+  ir::ModuleCompileRep crep;
+  ASSERT_TRUE(be_->OnModuleCompile({2, "", {1}, name}, &crep).ok());
+  ASSERT_EQ(crep.status, CL_SUCCESS) << crep.log;
+  ASSERT_TRUE(be_->OnModuleCompile({3, "", {1}, name}, &crep).ok());
+  ASSERT_EQ(crep.status, CL_SUCCESS) << crep.log;
+  ir::ModuleLinkRep lrep;
+  ASSERT_TRUE(be_->OnModuleLink({10, 0, "", {2, 3}}, &lrep).ok());
+  ASSERT_EQ(lrep.status, CL_SUCCESS) << lrep.log;
+  EXPECT_EQ(lrep.created, 1u);
+  EXPECT_EQ(lrep.binary_type, static_cast<uint32_t>(CL_PROGRAM_BINARY_TYPE_EXECUTABLE));
+  ASSERT_EQ(lrep.functions.size(), 1u);
+  EXPECT_EQ(lrep.functions[0].name, "k");
+  EXPECT_EQ(lrep.functions[0].num_params, 1u);
+
+  // A compile that fails delivers its status and log in an OK reply.
+  load(4, "#include \"lib.h\"\nint broken(int x) { return undeclared + x; }\n");
+  ASSERT_TRUE(be_->OnModuleCompile({4, "", {1}, name}, &crep).ok());
+  EXPECT_EQ(crep.status, CL_COMPILE_PROGRAM_FAILURE);
+  EXPECT_NE(crep.log.find("undeclared"), std::string::npos) << crep.log;
+
+  EXPECT_EQ(be_->OnModuleCompile({99, "", {}, {}}, &crep).code(), Code::kUnknownHandle);
+  EXPECT_EQ(be_->OnModuleCompile({2, "", {98}, name}, &crep).code(), Code::kUnknownHandle);
+  EXPECT_EQ(be_->OnModuleCompile({2, "", {1}, {}}, &crep).code(), Code::kInvalidArgument);  // no name
+  EXPECT_EQ(be_->OnModuleCompile({2, "", {1, 1}, name}, &crep).code(), Code::kInvalidArgument);
+  EXPECT_EQ(be_->OnModuleCompile({2, "", {1}, Bytes(std::string(1, '\0'))}, &crep).code(), Code::kInvalidArgument);
+  EXPECT_EQ(be_->OnModuleLink({11, 0, "", {}}, &lrep).code(), Code::kInvalidArgument);
+  EXPECT_EQ(be_->OnModuleLink({11, 0, "", {2, 97}}, &lrep).code(), Code::kUnknownHandle);
+  EXPECT_EQ(be_->OnModuleLink({11, 99, "", {2}}, &lrep).code(), Code::kInvalidArgument);
+  EXPECT_EQ(be_->OnModuleLink({10, 0, "", {2, 3}}, &lrep).code(), Code::kInvalidArgument);  // handle in use
+  // A refused link leaves no module: the handle is still free.
+  ASSERT_TRUE(be_->OnModuleLink({11, 0, "", {2, 3}}, &lrep).ok());
+  EXPECT_EQ(lrep.created, 1u);
+}
+
 TEST_F(OpenCLBackendTest, LaunchWithBufferScalarStructAndLocalArgs) {
   ASSERT_EQ(Build(30, kKernels).status, CL_SUCCESS);
   ir::FunctionGetRep frep;

@@ -252,6 +252,8 @@ class OpenCLBackend : public Backend {
 
   Status OnModuleLoad(const ir::ModuleLoadReq&, ir::ModuleLoadRep*) override;
   Status OnModuleBuild(const ir::ModuleBuildReq&, ir::ModuleBuildRep*) override;
+  Status OnModuleCompile(const ir::ModuleCompileReq&, ir::ModuleCompileRep*) override;
+  Status OnModuleLink(const ir::ModuleLinkReq&, ir::ModuleLinkRep*) override;
   Status OnModuleBinary(const ir::ModuleBinaryReq&, ir::ModuleBinaryRep*) override;
   Status OnModuleFree(const ir::ModuleFreeReq&, ir::ModuleFreeRep*) override;
   Status OnFunctionGet(const ir::FunctionGetReq&, ir::FunctionGetRep*) override;
@@ -346,6 +348,10 @@ class OpenCLBackend : public Backend {
 
   // ---- programs (opencl_program.cc) ----
   Status DescribeKernel(cl_kernel kernel, cl_device_id device, ir::FunctionInfo* info);
+  // Every kernel of a built (or linked) executable program, described for the client.
+  Status DescribeKernels(cl_program program, cl_device_id device, ir::FuncList* out);
+  // The build log of `program` on `device`.
+  Status BuildLog(cl_program program, cl_device_id device, std::string* log);
 
   std::string name_;
   // Declared first so it is destroyed last: every object below belongs to a context here.

@@ -174,13 +174,21 @@ Status OpenCLBackend::OnModuleBuild(const ir::ModuleBuildReq& req, ir::ModuleBui
     if (rep->status == CL_SUCCESS)
       log::Info("module {:#x}: built without -cl-kernel-arg-info (the device's compiler failed with it)", req.module);
   }
-  cl_int err = QueryString(
-      [&](size_t n, void* v, size_t* r) { return clGetProgramBuildInfo(prog, dev, CL_PROGRAM_BUILD_LOG, n, v, r); },
-      &rep->log);
-  if (err != CL_SUCCESS) return ClError(err, "clGetProgramBuildInfo(CL_PROGRAM_BUILD_LOG)");
+  TANDEM_RETURN_IF_ERROR(BuildLog(prog, dev, &rep->log));
   if (rep->status != CL_SUCCESS) return Status::Ok();
+  return DescribeKernels(prog, dev, &rep->functions);
+}
+
+Status OpenCLBackend::BuildLog(cl_program prog, cl_device_id dev, std::string* log) {
+  cl_int err = QueryString(
+      [&](size_t n, void* v, size_t* r) { return clGetProgramBuildInfo(prog, dev, CL_PROGRAM_BUILD_LOG, n, v, r); }, log);
+  if (err != CL_SUCCESS) return ClError(err, "clGetProgramBuildInfo(CL_PROGRAM_BUILD_LOG)");
+  return Status::Ok();
+}
+
+Status OpenCLBackend::DescribeKernels(cl_program prog, cl_device_id dev, ir::FuncList* out) {
   std::string names;
-  err = QueryString(
+  cl_int err = QueryString(
       [&](size_t n, void* v, size_t* r) { return clGetProgramInfo(prog, CL_PROGRAM_KERNEL_NAMES, n, v, r); }, &names);
   if (err != CL_SUCCESS) return ClError(err, "clGetProgramInfo(CL_PROGRAM_KERNEL_NAMES)");
   for (size_t start = 0; start < names.size();) {
@@ -194,8 +202,94 @@ Status OpenCLBackend::OnModuleBuild(const ir::ModuleBuildReq& req, ir::ModuleBui
     KernelRef kernel(k);
     ir::FunctionInfo info;
     TANDEM_RETURN_IF_ERROR(DescribeKernel(k, dev, &info));
-    rep->functions.push_back(std::move(info));
+    out->push_back(std::move(info));
   }
+  return Status::Ok();
+}
+
+// As a build, with the argument facts asked for (and dropped again where the compiler fails
+// with them); the headers are other modules of the same device, under the names the program
+// gave them.
+Status OpenCLBackend::OnModuleCompile(const ir::ModuleCompileReq& req, ir::ModuleCompileRep* rep) {
+  auto m = Find(modules_, req.module, "module");
+  if (!m.ok()) return m.status();
+  const uint32_t device = m.value()->device;
+  std::vector<std::string> names;
+  for (size_t start = 0; start < req.header_names.size();) {
+    const auto* begin = req.header_names.data() + start;
+    const auto* nul = static_cast<const uint8_t*>(std::memchr(begin, 0, req.header_names.size() - start));
+    const size_t len = nul ? static_cast<size_t>(nul - begin) : req.header_names.size() - start;
+    names.emplace_back(reinterpret_cast<const char*>(begin), len);
+    start += len + 1;
+  }
+  if (names.size() != req.headers.size())
+    return Status::Invalid(fmt::format("ModuleCompile: {} header modules but {} header names", req.headers.size(),
+                                       names.size()));
+  std::vector<cl_program> headers;
+  std::vector<const char*> header_names;
+  for (size_t i = 0; i < req.headers.size(); ++i) {
+    auto h = Find(modules_, req.headers[i], "header module");
+    if (!h.ok()) return h.status();
+    if (h.value()->device != device)
+      return Status::Invalid(fmt::format("ModuleCompile: header module {:#x} is on device {}, the module on {}",
+                                         req.headers[i], h.value()->device, device));
+    if (names[i].empty()) return Status::Invalid(fmt::format("ModuleCompile: header {} has an empty name", i));
+    headers.push_back(h.value()->program.get());
+    header_names.push_back(names[i].c_str());
+  }
+  cl_program prog = m.value()->program.get();
+  cl_device_id dev = devices_[device].id;
+  auto compile = [&](const std::string& options) {
+    return clCompileProgram(prog, 1, &dev, options.c_str(), static_cast<cl_uint>(headers.size()),
+                            headers.empty() ? nullptr : headers.data(),
+                            header_names.empty() ? nullptr : header_names.data(), nullptr, nullptr);
+  };
+  const bool added = req.options.find("-cl-kernel-arg-info") == std::string::npos;
+  rep->status = compile(added ? req.options + " -cl-kernel-arg-info" : req.options);
+  if (rep->status == CL_COMPILE_PROGRAM_FAILURE && added) rep->status = compile(req.options);
+  return BuildLog(prog, dev, &rep->log);
+}
+
+// clLinkProgram makes a new program: it becomes `module` when the driver returns one (with
+// the log of a failed link too), and only an executable has kernels to describe.
+Status OpenCLBackend::OnModuleLink(const ir::ModuleLinkReq& req, ir::ModuleLinkRep* rep) {
+  TANDEM_RETURN_IF_ERROR(CheckNew(modules_, req.module, "module"));
+  auto d = DeviceAt(req.device);
+  if (!d.ok()) return d.status();
+  if (req.inputs.empty()) return Status::Invalid("ModuleLink: no input modules");
+  std::vector<cl_program> inputs;
+  for (uint64_t in : req.inputs) {
+    auto m = Find(modules_, in, "input module");
+    if (!m.ok()) return m.status();
+    if (m.value()->device != req.device)
+      return Status::Invalid(fmt::format("ModuleLink: input module {:#x} is on device {}, the link on {}", in,
+                                         m.value()->device, req.device));
+    inputs.push_back(m.value()->program.get());
+  }
+  cl_device_id dev = d.value()->id;
+  cl_int err = CL_SUCCESS;
+  cl_program out = clLinkProgram(d.value()->context.get(), 1, &dev, req.options.c_str(),
+                                 static_cast<cl_uint>(inputs.size()), inputs.data(), nullptr, nullptr, &err);
+  rep->status = err;
+  if (!out) {
+    if (rep->status == CL_SUCCESS) rep->status = CL_LINK_PROGRAM_FAILURE;
+    return Status::Ok();
+  }
+  ProgramRef program(out);
+  // A reply that fails leaves no module behind: the client then knows of none to free.
+  auto describe = [&]() -> Status {
+    TANDEM_RETURN_IF_ERROR(BuildLog(out, dev, &rep->log));
+    if (rep->status != CL_SUCCESS) return Status::Ok();
+    cl_program_binary_type type = CL_PROGRAM_BINARY_TYPE_NONE;
+    cl_int e = clGetProgramBuildInfo(out, dev, CL_PROGRAM_BINARY_TYPE, sizeof(type), &type, nullptr);
+    if (e != CL_SUCCESS) return ClError(e, "clGetProgramBuildInfo(CL_PROGRAM_BINARY_TYPE)");
+    rep->binary_type = static_cast<uint32_t>(type);
+    if (type != CL_PROGRAM_BINARY_TYPE_EXECUTABLE) return Status::Ok();
+    return DescribeKernels(out, dev, &rep->functions);
+  };
+  TANDEM_RETURN_IF_ERROR(describe());
+  modules_[req.module] = Module{std::move(program), static_cast<uint32_t>(req.device)};
+  rep->created = 1;
   return Status::Ok();
 }
 
