@@ -229,6 +229,35 @@ cudaError_t Copy2D(void* dst, size_t dpitch, const void* src, size_t spitch, siz
   return f.WaitPending();
 }
 
+// The address of (x bytes, row y, slice z) of a pitched pointer; false if it overflows.
+bool PitchedAt(const cudaPitchedPtr& p, const cudaPos& pos, size_t z, uintptr_t* out) {
+  size_t slice, row, at;
+  if (__builtin_add_overflow(pos.z, z, &slice) || __builtin_mul_overflow(slice, p.ysize, &row) ||
+      __builtin_add_overflow(row, pos.y, &row) || __builtin_mul_overflow(row, p.pitch, &at) ||
+      __builtin_add_overflow(at, pos.x, &at) || __builtin_add_overflow(reinterpret_cast<uintptr_t>(p.ptr), at, out))
+    return false;
+  return true;
+}
+
+// 3-D copies between pitched pointers, one 2-D copy per slice (the CUDA array forms are not
+// supported). A slice is `ysize` rows of `pitch` bytes.
+cudaError_t Copy3D(const cudaMemcpy3DParms* p, cudaStream_t stream, bool async) {
+  if (!p) return cudaErrorInvalidValue;
+  if (p->srcArray || p->dstArray) return Unsupported("cudaMemcpy3D with a CUDA array");
+  const cudaExtent& e = p->extent;
+  if (e.width == 0 || e.height == 0 || e.depth == 0) return cudaSuccess;
+  if (!p->srcPtr.ptr || !p->dstPtr.ptr) return cudaErrorInvalidValue;
+  for (size_t z = 0; z < e.depth; ++z) {
+    uintptr_t src = 0, dst = 0;
+    if (!PitchedAt(p->srcPtr, p->srcPos, z, &src) || !PitchedAt(p->dstPtr, p->dstPos, z, &dst))
+      return cudaErrorInvalidValue;
+    TANDEM_RETURN_CUDA_IF_ERROR(Copy2D(reinterpret_cast<void*>(dst), p->dstPtr.pitch, reinterpret_cast<const void*>(src),
+                                       p->srcPtr.pitch, e.width, e.height, p->kind, stream, true));
+  }
+  if (async) return cudaSuccess;
+  return Frontend::Get().WaitPending();
+}
+
 cudaError_t Fill(void* ptr, int value, size_t n, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   Frontend& f = Frontend::Get();
@@ -328,6 +357,28 @@ TANDEM_API cudaError_t cudaMemset2DAsync(void* ptr, size_t pitch, int value, siz
   if (width > pitch) return Return(cudaErrorInvalidValue);
   for (size_t row = 0; row < height; ++row)
     TANDEM_RETURN_CUDA_IF_ERROR(Return(Fill(static_cast<uint8_t*>(ptr) + row * pitch, value, width, stream)));
+  return cudaSuccess;
+}
+
+TANDEM_API cudaError_t cudaMemcpy3D(const cudaMemcpy3DParms* p) { return Return(Copy3D(p, nullptr, false)); }
+
+TANDEM_API cudaError_t cudaMemcpy3DAsync(const cudaMemcpy3DParms* p, cudaStream_t stream) {
+  return Return(Copy3D(p, stream, true));
+}
+
+TANDEM_API cudaError_t cudaMemset3D(cudaPitchedPtr ptr, int value, cudaExtent extent) {
+  return cudaMemset3DAsync(ptr, value, extent, nullptr);
+}
+
+// One 2-D fill per slice.
+TANDEM_API cudaError_t cudaMemset3DAsync(cudaPitchedPtr ptr, int value, cudaExtent extent, cudaStream_t stream) {
+  if (extent.width == 0 || extent.height == 0 || extent.depth == 0) return cudaSuccess;
+  for (size_t z = 0; z < extent.depth; ++z) {
+    uintptr_t at = 0;
+    if (!PitchedAt(ptr, cudaPos{0, 0, 0}, z, &at)) return Return(cudaErrorInvalidValue);
+    TANDEM_RETURN_CUDA_IF_ERROR(
+        cudaMemset2DAsync(reinterpret_cast<void*>(at), ptr.pitch, value, extent.width, extent.height, stream));
+  }
   return cudaSuccess;
 }
 

@@ -276,6 +276,17 @@ TANDEM_API cudaError_t cudaMallocPitch(void** ptr, size_t* pitch, size_t width, 
   return cudaMalloc(ptr, bytes);
 }
 
+// A pitched allocation of `depth` slices of `height` rows (cudaMallocPitch's pitch).
+TANDEM_API cudaError_t cudaMalloc3D(cudaPitchedPtr* p, cudaExtent extent) {
+  if (!p) return Return(cudaErrorInvalidValue);
+  size_t rows = 0, pitch = 0;
+  if (__builtin_mul_overflow(extent.height, extent.depth, &rows)) return Return(cudaErrorMemoryAllocation);
+  void* ptr = nullptr;
+  TANDEM_RETURN_CUDA_IF_ERROR(cudaMallocPitch(&ptr, &pitch, extent.width, rows));
+  *p = cudaPitchedPtr{.ptr = ptr, .pitch = pitch, .xsize = extent.width, .ysize = extent.height};
+  return cudaSuccess;
+}
+
 TANDEM_API cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
   if (!free || !total) return Return(cudaErrorInvalidValue);
   Frontend& f = Frontend::Get();

@@ -30,7 +30,13 @@ TANDEM_PER_THREAD(cudaMemset, _ptds, (void* ptr, int value, size_t count), (ptr,
 TANDEM_PER_THREAD(cudaMemset2D, _ptds, (void* ptr, size_t pitch, int value, size_t width, size_t height),
                   (ptr, pitch, value, width, height))
 
+TANDEM_PER_THREAD(cudaMemcpy3D, _ptds, (const cudaMemcpy3DParms* p), (p))
+TANDEM_PER_THREAD(cudaMemset3D, _ptds, (cudaPitchedPtr ptr, int value, cudaExtent extent), (ptr, value, extent))
+
 // Calls that take a stream, where 0 means the per-thread default stream.
+TANDEM_PER_THREAD(cudaMemcpy3DAsync, _ptsz, (const cudaMemcpy3DParms* p, cudaStream_t stream), (p, stream))
+TANDEM_PER_THREAD(cudaMemset3DAsync, _ptsz, (cudaPitchedPtr ptr, int value, cudaExtent extent, cudaStream_t stream),
+                  (ptr, value, extent, stream))
 TANDEM_PER_THREAD(cudaMemcpyAsync, _ptsz,
                   (void* dst, const void* src, size_t count, cudaMemcpyKind kind, cudaStream_t stream),
                   (dst, src, count, kind, stream))
