@@ -36,6 +36,8 @@ bool IsCreate(ir::Opcode op) {
     case ir::Opcode::kBufferAlloc:
     case ir::Opcode::kModuleLoad:
     case ir::Opcode::kModuleBuild:
+    case ir::Opcode::kModuleCompile:  // a create of its module, like a build
+    case ir::Opcode::kModuleLink:     // creates its module from others (see NoteCreate)
     case ir::Opcode::kFunctionGet:
     case ir::Opcode::kFunctionSetAttr:
     case ir::Opcode::kModuleGlobal:  // makes the symbol addressable; goes with its module
@@ -58,6 +60,20 @@ bool IsDestroy(ir::Opcode op) {
     default:
       return false;
   }
+}
+
+// Whether a create names module `h` as a link input or compile header.
+bool Uses(const std::pair<uint16_t, std::vector<uint8_t>>& create, uint64_t h) {
+  const auto op = static_cast<ir::Opcode>(create.first);
+  if (op == ir::Opcode::kModuleLink) {
+    ir::ModuleLinkReq req;
+    return ir::DecodeRequest(create.second, &req).ok() && std::find(req.inputs.begin(), req.inputs.end(), h) != req.inputs.end();
+  }
+  if (op == ir::Opcode::kModuleCompile) {
+    ir::ModuleCompileReq req;
+    return ir::DecodeRequest(create.second, &req).ok() && std::find(req.headers.begin(), req.headers.end(), h) != req.headers.end();
+  }
+  return false;
 }
 
 // The event a command signals (its `signal` field), or 0.
@@ -223,12 +239,34 @@ void FaultTolerance::NoteCreate(GroupSession* g, uint16_t opcode, const std::vec
     g->creates_.emplace_back(opcode, payload);
   } else if (IsDestroy(op)) {
     if (op == ir::Opcode::kEventDestroy) g->signals_.erase(FirstU64(payload));
-    // Handles are unique across kinds: everything created under this one goes.
+    // Handles are unique across kinds: everything created under this one goes, unless a live
+    // link or compile was made from it (OpenCL programs are often released right after).
+    // Then it goes once the last of those goes.
+    auto forget = [&](uint64_t handle) {
+      std::erase_if(g->creates_, [&](const auto& c) {
+        const auto cop = static_cast<ir::Opcode>(c.first);
+        return cop != ir::Opcode::kAddressReserve && FirstU64(c.second) == handle;
+      });
+    };
+    auto used = [&](uint64_t handle) {
+      return std::any_of(g->creates_.begin(), g->creates_.end(), [&](const auto& c) { return Uses(c, handle); });
+    };
     const uint64_t handle = FirstU64(payload);
-    std::erase_if(g->creates_, [&](const auto& c) {
-      const auto cop = static_cast<ir::Opcode>(c.first);
-      return cop != ir::Opcode::kAddressReserve && FirstU64(c.second) == handle;
-    });
+    if (op == ir::Opcode::kModuleFree && used(handle)) {
+      g->freed_kept_.insert(handle);
+      return;
+    }
+    forget(handle);
+    for (bool again = true; again;) {
+      again = false;
+      for (uint64_t kept : g->freed_kept_) {
+        if (used(kept)) continue;
+        forget(kept);
+        g->freed_kept_.erase(kept);
+        again = true;
+        break;
+      }
+    }
   }
 }
 

@@ -103,6 +103,9 @@ class GroupSession final : public Session {
   // Objects alive now, in creation order (create commands and their configuration), and
   // as they were at the last checkpoint.
   std::vector<std::pair<uint16_t, std::vector<uint8_t>>> creates_, ckpt_creates_;
+  // Modules the program freed whose creates stay while a live ModuleLink or ModuleCompile in
+  // creates_ names them as an input or header: replaying that needs them.
+  std::set<uint64_t> freed_kept_;
   // Events that commands signalled and nobody destroyed (a restore makes them exist again).
   std::set<uint64_t> signals_, ckpt_signals_;
   // Module globals the program asked for (ModuleGlobal's payload), with the address and size

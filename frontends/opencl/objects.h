@@ -331,6 +331,7 @@ struct _cl_program : tandem::ocl::Object<_cl_program> {
   };
   cl_context context = nullptr;
   bool from_binary = false;
+  bool from_source = false;  // clCreateProgramWithSource's (not a link's, not a binary's)
   std::string source;
 
   std::mutex mu;

@@ -14,6 +14,22 @@ bool Built(const _cl_program::PerDevice& pd) {
   return pd.status == CL_BUILD_SUCCESS && pd.binary_type == CL_PROGRAM_BINARY_TYPE_EXECUTABLE;
 }
 
+// What servers take as a header's include name (they refuse others: PoCL writes headers to
+// files under these names): a relative path of plain components.
+bool SafeHeaderName(std::string_view name) {
+  if (name.empty() || name.front() == '/') return false;
+  for (size_t start = 0; start <= name.size();) {
+    size_t end = name.find('/', start);
+    if (end == std::string_view::npos) end = name.size();
+    const std::string_view part = name.substr(start, end - start);
+    if (part.empty() || part == "." || part == "..") return false;
+    for (char c : part)
+      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f || c == '\\') return false;
+    start = end + 1;
+  }
+  return true;
+}
+
 // The devices a build, compile or link runs for: the list given, or every device of `all`.
 cl_int Targets(cl_program p, cl_uint num_devices, const cl_device_id* device_list,
                std::vector<std::pair<cl_device_id, uint64_t>>* targets) {
@@ -95,6 +111,7 @@ cl_program CreateProgramWithSource(cl_context context, cl_uint count, const char
   std::vector<std::vector<uint8_t>> image{std::vector<uint8_t>(source.begin(), source.end())};
   cl_program p = MakeProgram(context, context->devices, ir::ModuleKind::kOpenCLSource, image, errcode_ret);
   p->source = std::move(source);
+  p->from_source = true;
   return p;
 }
 
@@ -190,19 +207,40 @@ cl_int CompileProgram(cl_program p, cl_uint num_devices, const cl_device_id* dev
                       void(CL_CALLBACK* notify)(cl_program, void*), void* data) {
   if (!Valid(p)) return CL_INVALID_PROGRAM;
   if ((num_devices == 0) != (device_list == nullptr) || (!notify && data)) return CL_INVALID_VALUE;
-  if ((num_headers == 0) != (headers == nullptr) || (num_headers != 0 && !header_names)) return CL_INVALID_VALUE;
+  if ((num_headers == 0) != (headers == nullptr) || (num_headers == 0) != (header_names == nullptr))
+    return CL_INVALID_VALUE;
   for (cl_uint i = 0; i < num_headers; ++i) {
     if (!Valid(headers[i])) return CL_INVALID_PROGRAM;
-    if (!header_names[i] || !*header_names[i] || headers[i]->context != p->context) return CL_INVALID_VALUE;
+    if (!header_names[i] || headers[i]->context != p->context) return CL_INVALID_VALUE;
+    if (!SafeHeaderName(header_names[i])) {
+      log::Warn("clCompileProgram: header name '{}' refused: servers take only relative paths of plain components",
+                header_names[i]);
+      return CL_INVALID_VALUE;
+    }
   }
-  if (p->from_binary) return CL_INVALID_OPERATION;  // only a program from source compiles
+  if (!p->from_source) return CL_INVALID_OPERATION;  // only a program from source compiles
   std::vector<std::pair<cl_device_id, uint64_t>> targets;
+  {
+    std::lock_guard lock(p->mu);
+    if (cl_int e = Targets(p, num_devices, device_list, &targets); e != CL_SUCCESS) return e;
+  }
+  // Every header must be a program from source with a module on every target device: checked
+  // before anything of the program changes.
+  std::vector<std::vector<uint64_t>> header_modules(targets.size());
+  for (cl_uint i = 0; i < num_headers; ++i) {
+    if (!headers[i]->from_source) return CL_INVALID_OPERATION;
+    std::lock_guard hl(headers[i]->mu);
+    for (size_t t = 0; t < targets.size(); ++t) {
+      const auto* hd = headers[i]->For(targets[t].first);
+      if (!hd) return CL_INVALID_OPERATION;
+      header_modules[t].push_back(hd->module);
+    }
+  }
   {
     std::lock_guard lock(p->mu);
     if (p->kernels > 0) return CL_INVALID_OPERATION;
     for (auto& pd : p->per_device)
       if (pd.status == CL_BUILD_IN_PROGRESS) return CL_INVALID_OPERATION;
-    if (cl_int e = Targets(p, num_devices, device_list, &targets); e != CL_SUCCESS) return e;
     for (auto& t : targets) p->For(t.first)->status = CL_BUILD_IN_PROGRESS;
   }
   ir::bytes names;
@@ -212,17 +250,10 @@ cl_int CompileProgram(cl_program p, cl_uint num_devices, const cl_device_id* dev
   }
   cl_int result = CL_SUCCESS;
   const std::string opts = options ? options : "";
-  for (auto& [device, module] : targets) {
-    ir::ModuleCompileReq req{.module = module, .options = opts, .headers = {}, .header_names = names};
-    bool missing = false;
-    for (cl_uint i = 0; i < num_headers; ++i) {
-      std::lock_guard hl(headers[i]->mu);
-      const auto* hd = headers[i]->For(device);
-      if (!hd || headers[i]->from_binary) missing = true;
-      else req.headers.push_back(hd->module);
-    }
-    auto r = missing ? Result<ir::ModuleCompileRep>(Status::Invalid("a header program is not from source on this device"))
-                     : CallOn(device->session(), req);
+  for (size_t t = 0; t < targets.size(); ++t) {
+    const auto& [device, module] = targets[t];
+    auto r = CallOn(device->session(),
+                    ir::ModuleCompileReq{.module = module, .options = opts, .headers = header_modules[t], .header_names = names});
     std::lock_guard lock(p->mu);
     auto* pd = p->For(device);
     pd->options = opts;
@@ -236,10 +267,7 @@ cl_int CompileProgram(cl_program p, cl_uint num_devices, const cl_device_id* dev
       continue;
     }
     pd->status = CL_BUILD_ERROR;
-    if (missing) {
-      pd->log = r.status().message();
-      if (result == CL_SUCCESS) result = CL_INVALID_OPERATION;
-    } else if (r.ok()) {
+    if (r.ok()) {
       pd->log = std::move(r->log);
       if (result == CL_SUCCESS) result = r->status < 0 ? r->status : CL_COMPILE_PROGRAM_FAILURE;
     } else {
@@ -269,20 +297,29 @@ cl_program LinkProgram(cl_context context, cl_uint num_devices, const cl_device_
   } else {
     devices = context->devices;
   }
-  // Each input must hold a compiled object or a library for every device linked for.
+  // For each device, either every input holds a compiled object or a library for it (it is
+  // linked) or none does (it is skipped: no executable for it); anything else is refused.
   std::vector<std::vector<uint64_t>> modules(devices.size());
   for (cl_uint i = 0; i < num_inputs; ++i) {
     if (!Valid(inputs[i])) return SetErr(errcode_ret, CL_INVALID_PROGRAM), nullptr;
     if (inputs[i]->context != context) return SetErr(errcode_ret, CL_INVALID_CONTEXT), nullptr;
+    if (inputs[i]->from_binary) {
+      // Its binary type is the binary's, which the server does not report on loading.
+      log::Once("clLinkProgram of a program created from a binary");
+      return SetErr(errcode_ret, CL_INVALID_OPERATION), nullptr;
+    }
     std::lock_guard lock(inputs[i]->mu);
     for (size_t d = 0; d < devices.size(); ++d) {
       const auto* pd = inputs[i]->For(devices[d]);
-      if (!pd || pd->status != CL_BUILD_SUCCESS ||
-          (pd->binary_type != CL_PROGRAM_BINARY_TYPE_COMPILED_OBJECT && pd->binary_type != CL_PROGRAM_BINARY_TYPE_LIBRARY))
-        return SetErr(errcode_ret, CL_INVALID_OPERATION), nullptr;
-      modules[d].push_back(pd->module);
+      if (pd && pd->status == CL_BUILD_SUCCESS &&
+          (pd->binary_type == CL_PROGRAM_BINARY_TYPE_COMPILED_OBJECT || pd->binary_type == CL_PROGRAM_BINARY_TYPE_LIBRARY))
+        modules[d].push_back(pd->module);
     }
   }
+  for (const auto& m : modules)
+    if (!m.empty() && m.size() != num_inputs) return SetErr(errcode_ret, CL_INVALID_OPERATION), nullptr;
+  if (std::all_of(modules.begin(), modules.end(), [](const auto& m) { return m.empty(); }))
+    return SetErr(errcode_ret, CL_INVALID_OPERATION), nullptr;
   auto p = std::make_unique<_cl_program>();
   p->context = context;
   const std::string opts = options ? options : "";
@@ -292,6 +329,11 @@ cl_program LinkProgram(cl_context context, cl_uint num_devices, const cl_device_
     pd.device = devices[d];
     pd.module = client::Runtime::Get().NewHandle();
     pd.options = opts;
+    if (modules[d].empty()) {  // nothing to link for this device
+      pd.loaded = false;
+      p->per_device.push_back(std::move(pd));
+      continue;
+    }
     auto r = CallOn(devices[d]->session(), ir::ModuleLinkReq{.module = pd.module,
                                                              .device = devices[d]->remote->remote_index,
                                                              .options = opts,
@@ -315,7 +357,8 @@ cl_program LinkProgram(cl_context context, cl_uint num_devices, const cl_device_
     }
     p->per_device.push_back(std::move(pd));
   }
-  const bool created = std::any_of(p->per_device.begin(), p->per_device.end(), [](const auto& pd) { return pd.loaded; });
+  const bool created = std::any_of(p->per_device.begin(), p->per_device.end(),
+                                   [](const auto& pd) { return pd.loaded; });
   context->Hold();
   cl_program out = Publish(p.release());
   if (notify) notify(out, data);
@@ -350,7 +393,7 @@ cl_int GetProgramInfo(cl_program p, cl_program_info param, size_t size, void* va
     case CL_PROGRAM_BINARIES: {
       // The server's binary, fetched once per build (ModuleBinary).
       for (auto& pd : p->per_device) {
-        if (pd.binary || !Built(pd)) continue;
+        if (pd.binary || pd.status != CL_BUILD_SUCCESS) continue;
         auto r = CallOn(pd.device->session(), ir::ModuleBinaryReq{pd.module});
         if (!r.ok()) return ToCl(r.status(), "clGetProgramInfo(CL_PROGRAM_BINARIES)", CL_INVALID_PROGRAM);
         pd.binary = std::move(r->binary);

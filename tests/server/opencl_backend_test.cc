@@ -647,6 +647,16 @@ TEST_F(OpenCLBackendTest, CompileWithHeadersThenLinkAndRefuseBadInputs) {
   // A refused link leaves no module: the handle is still free.
   ASSERT_TRUE(be_->OnModuleLink({11, 0, "", {2, 3}}, &lrep).ok());
   EXPECT_EQ(lrep.created, 1u);
+
+  // Header names are file names for PoCL: only relative paths of plain components.
+  for (const std::string& bad : std::vector<std::string>{"../escape.h", "/etc/abs.h", "a//b.h", "a/./b.h", "dir/", "a\\b.h",
+                                std::string("tab\there.h")}) {
+    EXPECT_EQ(be_->OnModuleCompile({2, "", {1}, Bytes(bad + '\0')}, &crep).code(), Code::kInvalidArgument) << bad;
+  }
+  ASSERT_TRUE(be_->OnModuleCompile({2, "", {1}, Bytes(std::string("sub/dir/lib.h") + '\0')}, &crep).ok());
+  // Only modules from source compile or serve as headers (PoCL reads a header's source).
+  EXPECT_EQ(be_->OnModuleCompile({10, "", {}, {}}, &crep).code(), Code::kInvalidArgument);        // a link's
+  EXPECT_EQ(be_->OnModuleCompile({2, "", {10}, name}, &crep).code(), Code::kInvalidArgument);     // a link as header
 }
 
 TEST_F(OpenCLBackendTest, LaunchWithBufferScalarStructAndLocalArgs) {

@@ -274,7 +274,7 @@ TANDEM_API cudaError_t cudaDeviceReset() {
   std::erase_if(f.freed_async, [&](const Frontend::FreedAsync& x) {
     return x.address >= d->va_base && x.address - d->va_base < d->va_size;
   });
-  ReleaseFreedAsync(d->index, std::nullopt, f.freed_async_count);
+  if (rep.ok()) ReleaseFreedAsync(d->index, std::nullopt, f.freed_async_count);
   d->allocations.clear();
   d->small.clear();
   d->allocated = 0;

@@ -102,11 +102,19 @@ cudaError_t AllocateOrSync(std::unique_lock<std::mutex>& lock, DeviceContext& d,
   for (int i : stream_devices)
     if (DeviceContext* sd = f.Existing(i)) sync.push_back(sd);
   lock.unlock();
-  cudaError_t synced = cudaSuccess;
-  for (DeviceContext* sd : sync)
-    if (cudaError_t r = SyncDevice(*sd); r != cudaSuccess && synced == cudaSuccess) synced = r;
+  // Each device's asynchronous errors stay for its own next synchronize: only the frees matter.
+  f.WaitCallbacks();
+  for (DeviceContext* sd : sync) {
+    uint64_t freed = 0;
+    {
+      std::lock_guard<std::mutex> l(f.mu);
+      freed = f.freed_async_count;
+    }
+    if (!sd->session().Call(ir::DeviceSyncReq{.device = sd->remote()}).ok()) continue;
+    std::lock_guard<std::mutex> l(f.mu);
+    ReleaseFreedAsync(sd->index, std::nullopt, freed);
+  }
   lock.lock();
-  if (synced != cudaSuccess) return synced;
   if (d.sticky != cudaSuccess) return d.sticky;
   return Allocate(d, size, address);
 }

@@ -126,6 +126,7 @@ struct Buffer {
 struct Module {
   ProgramRef program;
   uint32_t device = 0;
+  bool from_source = false;  // loaded from source: it compiles, and may be a compile's header
 };
 struct Function {
   KernelRef kernel;

@@ -150,7 +150,8 @@ Status OpenCLBackend::OnModuleLoad(const ir::ModuleLoadReq& req, ir::ModuleLoadR
     default:
       return Status::Invalid(fmt::format("unknown module kind {}", req.kind));
   }
-  modules_[req.module] = Module{ProgramRef(prog), static_cast<uint32_t>(req.device)};
+  modules_[req.module] = Module{ProgramRef(prog), static_cast<uint32_t>(req.device),
+                                static_cast<ir::ModuleKind>(req.kind) == ir::ModuleKind::kOpenCLSource};
   return Status::Ok();
 }
 
@@ -207,12 +208,32 @@ Status OpenCLBackend::DescribeKernels(cl_program prog, cl_device_id dev, ir::Fun
   return Status::Ok();
 }
 
+// A header's include name as a relative path of plain components: PoCL writes each header to
+// its temporary folder under this name, so "..", an absolute path or a backslash would let a
+// client write files elsewhere on the server.
+static bool SafeHeaderName(std::string_view name) {
+  if (name.empty() || name.front() == '/') return false;
+  size_t start = 0;
+  while (start <= name.size()) {
+    size_t end = name.find('/', start);
+    if (end == std::string_view::npos) end = name.size();
+    const std::string_view part = name.substr(start, end - start);
+    if (part.empty() || part == "." || part == "..") return false;
+    for (char c : part)
+      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f || c == '\\') return false;
+    start = end + 1;
+  }
+  return true;
+}
+
 // As a build, with the argument facts asked for (and dropped again where the compiler fails
 // with them); the headers are other modules of the same device, under the names the program
 // gave them.
 Status OpenCLBackend::OnModuleCompile(const ir::ModuleCompileReq& req, ir::ModuleCompileRep* rep) {
   auto m = Find(modules_, req.module, "module");
   if (!m.ok()) return m.status();
+  if (!m.value()->from_source)
+    return Status::Invalid(fmt::format("ModuleCompile: module {:#x} was not loaded from source", req.module));
   const uint32_t device = m.value()->device;
   std::vector<std::string> names;
   for (size_t start = 0; start < req.header_names.size();) {
@@ -233,7 +254,11 @@ Status OpenCLBackend::OnModuleCompile(const ir::ModuleCompileReq& req, ir::Modul
     if (h.value()->device != device)
       return Status::Invalid(fmt::format("ModuleCompile: header module {:#x} is on device {}, the module on {}",
                                          req.headers[i], h.value()->device, device));
-    if (names[i].empty()) return Status::Invalid(fmt::format("ModuleCompile: header {} has an empty name", i));
+    if (!h.value()->from_source)
+      return Status::Invalid(fmt::format("ModuleCompile: header module {:#x} was not loaded from source", req.headers[i]));
+    if (!SafeHeaderName(names[i]))
+      return Status::Invalid(
+          fmt::format("ModuleCompile: header name '{}' is not a relative path of plain components", names[i]));
     headers.push_back(h.value()->program.get());
     header_names.push_back(names[i].c_str());
   }
@@ -288,7 +313,7 @@ Status OpenCLBackend::OnModuleLink(const ir::ModuleLinkReq& req, ir::ModuleLinkR
     return DescribeKernels(out, dev, &rep->functions);
   };
   TANDEM_RETURN_IF_ERROR(describe());
-  modules_[req.module] = Module{std::move(program), static_cast<uint32_t>(req.device)};
+  modules_[req.module] = Module{std::move(program), static_cast<uint32_t>(req.device), false};
   rep->created = 1;
   return Status::Ok();
 }
