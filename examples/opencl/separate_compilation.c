@@ -137,15 +137,10 @@ int main(void) {
     clReleaseProgram(broken);
   }
 
-  /* Wrong uses: a program from source given to the linker before compiling, no inputs. */
-  cl_program raw = from_source(&env, kKernel);
-  cl_program nothing = clLinkProgram(env.context, 1, &env.device, NULL, 1, &raw, NULL, NULL, &err);
-  printf("link of an uncompiled program: %s\n", nothing ? "linked" : (err == CL_INVALID_OPERATION ? "CL_INVALID_OPERATION" : "another error"));
-  if (nothing) clReleaseProgram(nothing);
-  nothing = clLinkProgram(env.context, 1, &env.device, NULL, 0, NULL, NULL, NULL, &err);
-  printf("link of nothing: %s\n", nothing ? "linked" : (err == CL_INVALID_VALUE ? "CL_INVALID_VALUE" : "another error"));
-
-  cl_program progs[] = {raw, missing, exe2, exe, kernel, header};
+  /* Wrong uses (an uncompiled input, no inputs) are left out: NVIDIA's OpenCL links a program
+   * that was never compiled and answers no inputs with another code than the specification's
+   * (CL_INVALID_OPERATION, CL_INVALID_VALUE, which Tandem answers). */
+  cl_program progs[] = {missing, exe2, exe, kernel, header};
   for (size_t i = 0; i < sizeof progs / sizeof progs[0]; ++i) clReleaseProgram(progs[i]);
   example_release(&env);
   return 0;

@@ -346,9 +346,11 @@ TANDEM_API cudaError_t cudaDeviceDisablePeerAccess(int peer) {
 // ---- limits, cache and shared memory configuration ------------------------------------------
 
 // Asked of the server's context: the driver checks the value, and refuses some limits once
-// kernels ran (cudaErrorUnsupportedLimit, cudaErrorInvalidValue). cudaLimit values are CUlimit's.
+// kernels ran (cudaErrorUnsupportedLimit, cudaErrorInvalidValue). cudaLimit values are CUlimit's;
+// the runtime answers cudaErrorInvalidValue for a limit it does not know (seen natively), though
+// the driver knows a few more.
 TANDEM_API cudaError_t cudaDeviceSetLimit(cudaLimit limit, size_t value) {
-  if (limit < cudaLimitStackSize || limit > cudaLimitPersistingL2CacheSize) return Return(cudaErrorUnsupportedLimit);
+  if (limit < cudaLimitStackSize || limit > cudaLimitPersistingL2CacheSize) return Return(cudaErrorInvalidValue);
   Frontend& f = Frontend::Get();
   DeviceContext* d = nullptr;
   {
@@ -365,7 +367,7 @@ TANDEM_API cudaError_t cudaDeviceSetLimit(cudaLimit limit, size_t value) {
 
 TANDEM_API cudaError_t cudaDeviceGetLimit(size_t* value, cudaLimit limit) {
   if (!value) return Return(cudaErrorInvalidValue);
-  if (limit < cudaLimitStackSize || limit > cudaLimitPersistingL2CacheSize) return Return(cudaErrorUnsupportedLimit);
+  if (limit < cudaLimitStackSize || limit > cudaLimitPersistingL2CacheSize) return Return(cudaErrorInvalidValue);
   Frontend& f = Frontend::Get();
   DeviceContext* d = nullptr;
   {
