@@ -14,22 +14,6 @@ bool Built(const _cl_program::PerDevice& pd) {
   return pd.status == CL_BUILD_SUCCESS && pd.binary_type == CL_PROGRAM_BINARY_TYPE_EXECUTABLE;
 }
 
-// What servers take as a header's include name (they refuse others: PoCL writes headers to
-// files under these names): a relative path of plain components.
-bool SafeHeaderName(std::string_view name) {
-  if (name.empty() || name.front() == '/') return false;
-  for (size_t start = 0; start <= name.size();) {
-    size_t end = name.find('/', start);
-    if (end == std::string_view::npos) end = name.size();
-    const std::string_view part = name.substr(start, end - start);
-    if (part.empty() || part == "." || part == "..") return false;
-    for (char c : part)
-      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f || c == '\\') return false;
-    start = end + 1;
-  }
-  return true;
-}
-
 // The devices a build, compile or link runs for: the list given, or every device of `all`.
 cl_int Targets(cl_program p, cl_uint num_devices, const cl_device_id* device_list,
                std::vector<std::pair<cl_device_id, uint64_t>>* targets) {
@@ -212,7 +196,7 @@ cl_int CompileProgram(cl_program p, cl_uint num_devices, const cl_device_id* dev
   for (cl_uint i = 0; i < num_headers; ++i) {
     if (!Valid(headers[i])) return CL_INVALID_PROGRAM;
     if (!header_names[i] || headers[i]->context != p->context) return CL_INVALID_VALUE;
-    if (!SafeHeaderName(header_names[i])) {
+    if (!ir::SafeIncludeName(header_names[i])) {
       log::Warn("clCompileProgram: header name '{}' refused: servers take only relative paths of plain components",
                 header_names[i]);
       return CL_INVALID_VALUE;

@@ -280,6 +280,9 @@ struct StreamRef {
   int device = -1;  // -1: the default stream of whichever device the command is for
 };
 cudaError_t ResolveStream(cudaStream_t s, StreamRef* out);  // Needs mu.
+// The device a stream's commands go to (the current one for the default stream) and its IR
+// handle. Needs mu.
+cudaError_t StreamTarget(cudaStream_t stream, DeviceContext** d, StreamRef* ref);
 
 // Waits for everything queued on the device (its streams, pending copies and callbacks) and
 // returns what went wrong asynchronously. Call without holding Frontend::mu.

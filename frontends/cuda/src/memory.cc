@@ -224,9 +224,8 @@ TANDEM_API cudaError_t cudaMallocAsync(void** ptr, size_t size, cudaStream_t str
   Frontend& f = Frontend::Get();
   std::unique_lock<std::mutex> lock(f.mu);
   StreamRef s;
-  TANDEM_RETURN_CUDA_IF_ERROR(Return(ResolveStream(stream, &s)));
   DeviceContext* d = nullptr;
-  TANDEM_RETURN_CUDA_IF_ERROR(Return(f.Device(s.device >= 0 ? s.device : CurrentIndex(), &d)));
+  TANDEM_RETURN_CUDA_IF_ERROR(Return(StreamTarget(stream, &d, &s)));
   if (d->sticky != cudaSuccess) return Return(d->sticky);
   *ptr = nullptr;
   if (size == 0) return cudaSuccess;
@@ -255,9 +254,8 @@ TANDEM_API cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) {
   Frontend& f = Frontend::Get();
   std::lock_guard<std::mutex> lock(f.mu);
   StreamRef s;
-  TANDEM_RETURN_CUDA_IF_ERROR(Return(ResolveStream(stream, &s)));
   DeviceContext* sd = nullptr;
-  TANDEM_RETURN_CUDA_IF_ERROR(Return(f.Device(s.device >= 0 ? s.device : CurrentIndex(), &sd)));
+  TANDEM_RETURN_CUDA_IF_ERROR(Return(StreamTarget(stream, &sd, &s)));
   const auto a = reinterpret_cast<uint64_t>(ptr);
   DeviceContext* owner = OwnerOf(a);
   if (!owner || !IsAllocation(*owner, a) || FreedAsync(a)) return Return(cudaErrorInvalidValue);

@@ -114,12 +114,6 @@ std::map<int, std::shared_ptr<CallbackQueue>>& DefaultQueues() {
 
 bool IsDefault(cudaStream_t s) { return s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread; }
 
-// The device a stream's commands go to and its IR handle. Needs mu.
-cudaError_t StreamTarget(cudaStream_t stream, DeviceContext** d, StreamRef* ref) {
-  Frontend& f = Frontend::Get();
-  TANDEM_RETURN_CUDA_IF_ERROR(ResolveStream(stream, ref));
-  return f.Device(ref->device >= 0 ? ref->device : CurrentIndex(), d);
-}
 
 cudaError_t AddCallback(cudaStream_t stream, std::function<void(cudaError_t)> fn) {
   Frontend& f = Frontend::Get();
@@ -154,6 +148,12 @@ cudaError_t FinishSync(DeviceContext& d, const Status& st) {
 }
 
 }  // namespace
+
+cudaError_t StreamTarget(cudaStream_t stream, DeviceContext** d, StreamRef* ref) {
+  Frontend& f = Frontend::Get();
+  TANDEM_RETURN_CUDA_IF_ERROR(ResolveStream(stream, ref));
+  return f.Device(ref->device >= 0 ? ref->device : CurrentIndex(), d);
+}
 
 cudaError_t ResolveStream(cudaStream_t s, StreamRef* out) {
   if (IsDefault(s)) {

@@ -208,24 +208,6 @@ Status OpenCLBackend::DescribeKernels(cl_program prog, cl_device_id dev, ir::Fun
   return Status::Ok();
 }
 
-// A header's include name as a relative path of plain components: PoCL writes each header to
-// its temporary folder under this name, so "..", an absolute path or a backslash would let a
-// client write files elsewhere on the server.
-static bool SafeHeaderName(std::string_view name) {
-  if (name.empty() || name.front() == '/') return false;
-  size_t start = 0;
-  while (start <= name.size()) {
-    size_t end = name.find('/', start);
-    if (end == std::string_view::npos) end = name.size();
-    const std::string_view part = name.substr(start, end - start);
-    if (part.empty() || part == "." || part == "..") return false;
-    for (char c : part)
-      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f || c == '\\') return false;
-    start = end + 1;
-  }
-  return true;
-}
-
 // As a build, with the argument facts asked for (and dropped again where the compiler fails
 // with them); the headers are other modules of the same device, under the names the program
 // gave them.
@@ -256,7 +238,7 @@ Status OpenCLBackend::OnModuleCompile(const ir::ModuleCompileReq& req, ir::Modul
                                          req.headers[i], h.value()->device, device));
     if (!h.value()->from_source)
       return Status::Invalid(fmt::format("ModuleCompile: header module {:#x} was not loaded from source", req.headers[i]));
-    if (!SafeHeaderName(names[i]))
+    if (!ir::SafeIncludeName(names[i]))
       return Status::Invalid(
           fmt::format("ModuleCompile: header name '{}' is not a relative path of plain components", names[i]));
     headers.push_back(h.value()->program.get());

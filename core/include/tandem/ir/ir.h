@@ -35,6 +35,23 @@ inline constexpr uint32_t kWarmCopy = 1;    // a small copy to the device and ba
 inline constexpr uint32_t kWarmKernel = 2;  // an empty kernel
 inline constexpr size_t kWarmMaxBytes = 64;
 
+// ModuleCompile's header names: relative paths of plain components (no empty, "." or ".."
+// component, no leading '/', no backslash or control character). PoCL writes each header to a
+// file of that name under its temporary folder, so servers refuse any other name.
+inline bool SafeIncludeName(std::string_view name) {
+  if (name.empty() || name.front() == '/') return false;
+  for (size_t start = 0; start <= name.size();) {
+    size_t end = name.find('/', start);
+    if (end == std::string_view::npos) end = name.size();
+    const std::string_view part = name.substr(start, end - start);
+    if (part.empty() || part == "." || part == "..") return false;
+    for (char c : part)
+      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f || c == '\\') return false;
+    start = end + 1;
+  }
+  return true;
+}
+
 // ---- field types ---------------------------------------------------------------------
 using u8 = uint8_t;
 using u16 = uint16_t;
