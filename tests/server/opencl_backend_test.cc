@@ -659,6 +659,34 @@ TEST_F(OpenCLBackendTest, CompileWithHeadersThenLinkAndRefuseBadInputs) {
   EXPECT_EQ(be_->OnModuleCompile({2, "", {10}, name}, &crep).code(), Code::kInvalidArgument);     // a link as header
 }
 
+// A marker or barrier waiting on a user event that then fails, and a barrier after them that
+// fails through the queue's order: PoCL 3.1 aborts the process when such a marker's event was
+// already released (found by opencl_backend_fuzz). The backend holds markers' events until they
+// are done; both kinds, with and without a signal.
+TEST_F(OpenCLBackendTest, MarkerOnAUserEventThatFailsDoesNotAbort) {
+  ir::EventCreateRep crep;
+  ASSERT_TRUE(be_->OnEventCreate({50, 0, ir::kEventUser}, &crep).ok());
+  ASSERT_TRUE(be_->OnEventCreate({51, 0, 0}, &crep).ok());
+  ir::MarkerRep mrep;
+  ASSERT_TRUE(be_->OnMarker({0, 0, {50}, 0}, &mrep).ok());
+  ASSERT_TRUE(be_->OnMarker({0, 1, {50}, 0}, &mrep).ok());
+  ASSERT_TRUE(be_->OnMarker({0, 0, {50}, 51}, &mrep).ok());
+  ASSERT_TRUE(be_->OnMarker({0, 1, {}, 0}, &mrep).ok());  // fails through the queue's order
+  ir::EventDestroyRep drep;
+  ASSERT_TRUE(be_->OnEventDestroy({51}, &drep).ok());  // the signalled one's name goes too
+  ir::UserEventSetRep srep;
+  ASSERT_TRUE(be_->OnUserEventSet({50, -5}, &srep).ok());
+  ir::DeviceSyncRep sync;
+  (void)be_->OnDeviceSync({0}, &sync);  // the markers failed: the sync may say so, but returns
+  ASSERT_TRUE(be_->OnEventDestroy({50}, &drep).ok());
+  // The backend still serves: a new marker after them completes.
+  ASSERT_TRUE(be_->OnEventCreate({52, 0, 0}, &crep).ok());
+  ASSERT_TRUE(be_->OnMarker({0, 0, {}, 52}, &mrep).ok());
+  ir::EventWaitRep wrep;
+  ASSERT_TRUE(be_->OnEventWait({{52}}, &wrep).ok());
+  EXPECT_EQ(wrep.statuses, ir::i32s{CL_COMPLETE});
+}
+
 TEST_F(OpenCLBackendTest, LaunchWithBufferScalarStructAndLocalArgs) {
   ASSERT_EQ(Build(30, kKernels).status, CL_SUCCESS);
   ir::FunctionGetRep frep;

@@ -142,7 +142,9 @@ Result<std::unique_ptr<Backend>> Open(const BackendOptions& options) {
 OpenCLBackend::OpenCLBackend(std::vector<Device> devices, std::string name)
     : name_(std::move(name)), devices_(std::move(devices)) {}
 
-OpenCLBackend::~OpenCLBackend() = default;
+OpenCLBackend::~OpenCLBackend() {
+  for (cl_event ev : held_markers_) clReleaseEvent(ev);
+}
 
 // ---- handles --------------------------------------------------------------------------
 

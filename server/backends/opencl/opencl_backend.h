@@ -363,6 +363,14 @@ class OpenCLBackend : public Backend {
   std::unordered_map<uint64_t, Stream> streams_;
   std::unordered_map<uint64_t, Event> events_;
   int user_events_ = 0;  // entries of events_ that are user events (executor only)
+  // Markers and barriers, each with a reference of ours until it is no longer pending
+  // (executor only): PoCL 3.1 aborts the process (pocl_update_event_failed: "PTHREAD ERROR ...
+  // Invalid argument") when a marker or barrier whose event was released fails, through an
+  // event of its wait list or a failed command before it in its queue; a program doing so
+  // natively aborts too (found by opencl_backend_fuzz; reproduced with plain OpenCL on PoCL
+  // 3.1). Commands of other kinds fail cleanly there.
+  std::vector<cl_event> held_markers_;
+  void HoldMarker(cl_event marker);
   bool gated_ = false;   // WriteFromHost made a gate (executor only; never cleared)
   // Guards changes to events_ against OnUserEventSet, which runs on the receive thread;
   // the executor, the only writer, reads without it. Also held from a command's wait-list

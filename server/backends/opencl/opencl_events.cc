@@ -72,12 +72,29 @@ Status OpenCLBackend::OnMarker(const ir::MarkerReq& req, ir::MarkerRep*) {
   if (req.barrier > 1) return Status::Invalid(fmt::format("Marker barrier flag {} (0 or 1)", req.barrier));
   Enqueue e;
   TANDEM_RETURN_IF_ERROR(Prepare(req.stream, device, req.wait, req.signal, &e));
-  cl_int err = req.barrier ? clEnqueueBarrierWithWaitList(e.queue, e.num_wait(), e.wait_list(), e.event_out())
-                           : clEnqueueMarkerWithWaitList(e.queue, e.num_wait(), e.wait_list(), e.event_out());
+  // Its event is asked for and held until it is done (held_markers_).
+  cl_int err = req.barrier ? clEnqueueBarrierWithWaitList(e.queue, e.num_wait(), e.wait_list(), e.event_out(true))
+                           : clEnqueueMarkerWithWaitList(e.queue, e.num_wait(), e.wait_list(), e.event_out(true));
   if (err != CL_SUCCESS)
     return ClError(err, req.barrier ? "clEnqueueBarrierWithWaitList" : "clEnqueueMarkerWithWaitList");
+  if (e.done) HoldMarker(e.done);
   Complete(e);
   return Status::Ok();
+}
+
+// Keeps a reference to `marker` until it is no longer pending; drops the references of the
+// held markers that are done (complete or failed).
+void OpenCLBackend::HoldMarker(cl_event marker) {
+  std::erase_if(held_markers_, [](cl_event ev) {
+    cl_int status = CL_COMPLETE;
+    if (clGetEventInfo(ev, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, nullptr) != CL_SUCCESS ||
+        status <= CL_COMPLETE) {
+      clReleaseEvent(ev);
+      return true;
+    }
+    return false;
+  });
+  if (clRetainEvent(marker) == CL_SUCCESS) held_markers_.push_back(marker);
 }
 
 // A user event is a cl_event the client sets; any other event is a name that commands'

@@ -137,6 +137,7 @@ Status OpenCLBackend::SignalAfter(Enqueue& e) {
   if (e.signal == 0) return Status::Ok();
   cl_int err = clEnqueueMarkerWithWaitList(e.queue, 0, nullptr, e.event_out());
   if (err != CL_SUCCESS) return ClError(err, "clEnqueueMarkerWithWaitList");
+  if (e.done) HoldMarker(e.done);  // held_markers_
   Complete(e);
   return Status::Ok();
 }
