@@ -370,7 +370,8 @@ class OpenCLBackend : public Backend {
   // natively aborts too (found by opencl_backend_fuzz; reproduced with plain OpenCL on PoCL
   // 3.1). Commands of other kinds fail cleanly there.
   std::vector<cl_event> held_markers_;
-  void HoldMarker(cl_event marker);
+  size_t prune_markers_at_ = 16;
+  void HoldMarker(cl_event marker);  // takes over one reference
   bool gated_ = false;   // WriteFromHost made a gate (executor only; never cleared)
   // Guards changes to events_ against OnUserEventSet, which runs on the receive thread;
   // the executor, the only writer, reads without it. Also held from a command's wait-list

@@ -2,6 +2,8 @@
 // queries, waits and profiling times.
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "opencl_backend.h"
 
 namespace tandem::server::opencl {
@@ -77,14 +79,19 @@ Status OpenCLBackend::OnMarker(const ir::MarkerReq& req, ir::MarkerRep*) {
                            : clEnqueueMarkerWithWaitList(e.queue, e.num_wait(), e.wait_list(), e.event_out(true));
   if (err != CL_SUCCESS)
     return ClError(err, req.barrier ? "clEnqueueBarrierWithWaitList" : "clEnqueueMarkerWithWaitList");
-  if (e.done) HoldMarker(e.done);
-  Complete(e);
+  cl_event held = e.done;
+  if (held && clRetainEvent(held) != CL_SUCCESS) held = nullptr;
+  Complete(e);  // ends the failure check (events_mu_) before the held markers are looked at
+  if (held) HoldMarker(held);
   return Status::Ok();
 }
 
-// Keeps a reference to `marker` until it is no longer pending; drops the references of the
-// held markers that are done (complete or failed).
+// Takes over a reference to `marker`, kept until it is no longer pending. The held markers
+// that are done (complete or failed) are let go once the list has doubled since the last look,
+// so a long run of pending markers costs a constant number of status queries per marker.
 void OpenCLBackend::HoldMarker(cl_event marker) {
+  held_markers_.push_back(marker);
+  if (held_markers_.size() < prune_markers_at_) return;
   std::erase_if(held_markers_, [](cl_event ev) {
     cl_int status = CL_COMPLETE;
     if (clGetEventInfo(ev, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, nullptr) != CL_SUCCESS ||
@@ -94,7 +101,7 @@ void OpenCLBackend::HoldMarker(cl_event marker) {
     }
     return false;
   });
-  if (clRetainEvent(marker) == CL_SUCCESS) held_markers_.push_back(marker);
+  prune_markers_at_ = std::max<size_t>(16, 2 * held_markers_.size());
 }
 
 // A user event is a cl_event the client sets; any other event is a name that commands'

@@ -137,8 +137,10 @@ Status OpenCLBackend::SignalAfter(Enqueue& e) {
   if (e.signal == 0) return Status::Ok();
   cl_int err = clEnqueueMarkerWithWaitList(e.queue, 0, nullptr, e.event_out());
   if (err != CL_SUCCESS) return ClError(err, "clEnqueueMarkerWithWaitList");
-  if (e.done) HoldMarker(e.done);  // held_markers_
+  cl_event held = e.done;  // held_markers_
+  if (held && clRetainEvent(held) != CL_SUCCESS) held = nullptr;
   Complete(e);
+  if (held) HoldMarker(held);
   return Status::Ok();
 }
 
