@@ -275,6 +275,7 @@ TANDEM_API cudaError_t cudaDeviceReset() {
     return x.address >= d->va_base && x.address - d->va_base < d->va_size;
   });
   if (rep.ok()) ReleaseFreedAsync(d->index, std::nullopt, f.freed_async_count);
+  ResetPools(*d);
   d->allocations.clear();
   d->small.clear();
   d->allocated = 0;

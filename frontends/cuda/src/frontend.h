@@ -148,6 +148,21 @@ struct Event {
   client::StandIns imports;
 };
 
+// A memory pool; a cudaMemPool_t is its address. Each device has a default pool, made on first
+// use, and cudaMemPoolCreate makes more. Tandem's pools hold no memory of their own: what
+// cudaFreeAsync gives back is released at the first synchronize known to be past the free
+// (ReleaseFreedAsync), as CUDA's pools do with a release threshold of 0, whatever threshold
+// is set. A pool keeps its attributes and counts what its allocations take.
+struct MemPool {
+  int device = 0;
+  bool is_default = false;
+  bool destroyed = false;  // by cudaMemPoolDestroy: no longer a valid handle
+  uint64_t max_size = 0;   // cudaMemPoolProps::maxSize; 0: no cap but the device's memory
+  uint64_t release_threshold = 0;
+  int reuse[3] = {1, 1, 1};  // cudaMemPoolReuseFollowEventDependencies .. AllowInternalDependencies
+  uint64_t used = 0, used_high = 0, reserved = 0, reserved_high = 0;
+};
+
 class Frontend {
  public:
   static Frontend& Get();
@@ -186,6 +201,19 @@ class Frontend {
   };
   std::vector<FreedAsync> freed_async;
   uint64_t freed_async_count = 0;
+
+  // Memory pools (pools.cc): every pool ever made, by handle (a destroyed one stays for the
+  // allocations still counted on it); each device's current pool where cudaDeviceSetMemPool
+  // chose one other than its default; the pool and footprint of each stream-ordered
+  // allocation, by address, until its memory is given back (FreeNow) or its device reset.
+  std::map<const void*, std::unique_ptr<MemPool>> pools;
+  std::map<int, MemPool*> current_pool;
+  struct Pooled {
+    MemPool* pool = nullptr;
+    uint64_t footprint = 0;
+    bool freed = false;  // by cudaFreeAsync: no longer used, still held (reserved)
+  };
+  std::map<uint64_t, Pooled> pooled;
 
   // Streams and events: client objects whose addresses are the cudaStream_t / cudaEvent_t.
   std::map<const void*, std::unique_ptr<Stream>> streams;
@@ -283,6 +311,17 @@ cudaError_t ResolveStream(cudaStream_t s, StreamRef* out);  // Needs mu.
 // The device a stream's commands go to (the current one for the default stream) and its IR
 // handle. Needs mu.
 cudaError_t StreamTarget(cudaStream_t stream, DeviceContext** d, StreamRef* ref);
+// cudaMallocAsync's work (memory.cc): `size` bytes from `pool`, in the order of stream `s` of
+// device `sd`, with `lock` held on mu (released while held frees are synchronized away).
+cudaError_t StreamOrderedAlloc(std::unique_lock<std::mutex>& lock, MemPool& pool, DeviceContext& sd,
+                               const StreamRef& s, size_t size, void** ptr);
+// Pools (pools.cc), each needing mu: the device's default pool (made on first use) and its
+// current one; the pool a handle names (nullptr: none, or destroyed); a device's reset, which
+// forgets the stream-ordered allocations on it and makes its default pool current again.
+MemPool* DefaultPool(int device);
+MemPool* CurrentPool(int device);
+MemPool* FindPool(const void* handle);
+void ResetPools(DeviceContext& d);
 
 // Waits for everything queued on the device (its streams, pending copies and callbacks) and
 // returns what went wrong asynchronously. Call without holding Frontend::mu.

@@ -60,6 +60,12 @@ DeviceContext* OwnerOf(uint64_t address) {
 // Gives an allocation's addresses back: small ones to their chunk (kept for reuse), large ones
 // unmapped on the server. The caller knows no work still uses it. Needs mu.
 cudaError_t FreeNow(DeviceContext& d, uint64_t a) {
+  Frontend& f = Frontend::Get();
+  if (auto p = f.pooled.find(a); p != f.pooled.end()) {  // a stream-ordered allocation: its pool lets go of it
+    if (!p->second.freed) p->second.pool->used -= p->second.footprint;
+    p->second.pool->reserved -= p->second.footprint;
+    f.pooled.erase(p);
+  }
   if (auto s = d.small.find(a); s != d.small.end()) {
     d.allocations.at(s->second.first).carve->Free(a, s->second.second);
     d.small.erase(s);
@@ -85,13 +91,31 @@ bool FreedAsync(uint64_t a) {
   return std::any_of(freed.begin(), freed.end(), [&](const Frontend::FreedAsync& x) { return x.address == a; });
 }
 
+// The size an allocation of `size` bytes takes (as Allocate rounds it), and the size of the
+// allocation at `a`.
+uint64_t Footprint(const DeviceContext& d, uint64_t size) {
+  return size > kSmallLimit ? RoundUp(size, d.granularity) : RoundUp(size, kSmallAlign);
+}
+uint64_t AllocationSize(const DeviceContext& d, uint64_t a) {
+  if (auto s = d.small.find(a); s != d.small.end()) return s->second.second;
+  auto it = d.allocations.find(a);
+  return it == d.allocations.end() ? 0 : it->second.size;
+}
+
 // cudaMalloc and cudaMallocAsync on `d`, with `lock` held on Frontend::mu. When the device's
 // memory runs out while cudaFreeAsync holds some of it back, the devices whose streams those
 // frees were made on are synchronized (the lock released meanwhile), which releases them,
 // before one more try.
-cudaError_t AllocateOrSync(std::unique_lock<std::mutex>& lock, DeviceContext& d, size_t size, uint64_t* address) {
+// From a pool (`pool`, or none for cudaMalloc), its cap counts too: frees held on it count
+// until they are released, as CUDA's pool keeps what it reserved.
+cudaError_t AllocateOrSync(std::unique_lock<std::mutex>& lock, DeviceContext& d, size_t size, uint64_t* address,
+                           const MemPool* pool = nullptr) {
   if (size > d.va_size) return cudaErrorMemoryAllocation;  // more than the device's range
-  cudaError_t e = Allocate(d, size, address);
+  auto attempt = [&] {
+    if (pool && pool->max_size && pool->reserved + Footprint(d, size) > pool->max_size) return cudaErrorMemoryAllocation;
+    return Allocate(d, size, address);
+  };
+  cudaError_t e = attempt();
   if (e != cudaErrorMemoryAllocation) return e;
   Frontend& f = Frontend::Get();
   std::set<int> stream_devices;
@@ -116,19 +140,9 @@ cudaError_t AllocateOrSync(std::unique_lock<std::mutex>& lock, DeviceContext& d,
   }
   lock.lock();
   if (d.sticky != cudaSuccess) return d.sticky;
-  return Allocate(d, size, address);
+  return attempt();
 }
 
-// The size an allocation of `size` bytes takes (as Allocate rounds it), and the size of the
-// allocation at `a`.
-uint64_t Footprint(const DeviceContext& d, uint64_t size) {
-  return size > kSmallLimit ? RoundUp(size, d.granularity) : RoundUp(size, kSmallAlign);
-}
-uint64_t AllocationSize(const DeviceContext& d, uint64_t a) {
-  if (auto s = d.small.find(a); s != d.small.end()) return s->second.second;
-  auto it = d.allocations.find(a);
-  return it == d.allocations.end() ? 0 : it->second.size;
-}
 
 }  // namespace
 
@@ -140,6 +154,48 @@ void ReleaseFreedAsync(int stream_device, std::optional<uint64_t> stream, uint64
     if (DeviceContext* owner = OwnerOf(x.address); owner && IsAllocation(*owner, x.address)) FreeNow(*owner, x.address);
     return true;
   });
+}
+
+// Stream-ordered allocation. The memory is allocated as cudaMalloc's, except that a block of
+// the same size and pool that cudaFreeAsync gave back on this same stream is handed out again
+// as it is: this stream's later work runs after that free, and no other stream or allocation
+// ever gets it before the stream is known past it (the pool's reuse attributes allow no less).
+cudaError_t StreamOrderedAlloc(std::unique_lock<std::mutex>& lock, MemPool& pool, DeviceContext& sd,
+                               const StreamRef& s, size_t size, void** ptr) {
+  Frontend& f = Frontend::Get();
+  DeviceContext* d = nullptr;  // where the pool's memory is
+  TANDEM_RETURN_CUDA_IF_ERROR(f.Device(pool.device, &d));
+  if (d->sticky != cudaSuccess) return d->sticky;
+  *ptr = nullptr;
+  if (size == 0) return cudaSuccess;
+  const uint64_t footprint = Footprint(*d, size);
+  for (auto it = f.freed_async.rbegin(); it != f.freed_async.rend(); ++it) {
+    if (it->stream_device != sd.index || it->stream != s.handle || OwnerOf(it->address) != d ||
+        AllocationSize(*d, it->address) != footprint)
+      continue;
+    auto p = f.pooled.find(it->address);
+    if (p == f.pooled.end() ? !pool.is_default : p->second.pool != &pool) continue;
+    if (p == f.pooled.end()) {  // cudaMalloc's memory freed in stream order: the default pool's now
+      p = f.pooled.emplace(it->address, Frontend::Pooled{.pool = &pool, .footprint = footprint, .freed = true}).first;
+      pool.reserved += footprint;
+      pool.reserved_high = std::max(pool.reserved_high, pool.reserved);
+    }
+    p->second.freed = false;
+    pool.used += footprint;
+    pool.used_high = std::max(pool.used_high, pool.used);
+    *ptr = reinterpret_cast<void*>(it->address);
+    f.freed_async.erase(std::next(it).base());
+    return cudaSuccess;
+  }
+  uint64_t address = 0;
+  TANDEM_RETURN_CUDA_IF_ERROR(AllocateOrSync(lock, *d, size, &address, &pool));
+  f.pooled[address] = Frontend::Pooled{.pool = &pool, .footprint = footprint, .freed = false};
+  pool.used += footprint;
+  pool.reserved += footprint;
+  pool.used_high = std::max(pool.used_high, pool.used);
+  pool.reserved_high = std::max(pool.reserved_high, pool.reserved);
+  *ptr = reinterpret_cast<void*>(address);
+  return cudaSuccess;
 }
 
 std::optional<DevicePtr> FindDevicePtr(const void* p) {
@@ -214,11 +270,7 @@ TANDEM_API cudaError_t cudaFree(void* ptr) {
   return synced == cudaSuccess ? cudaSuccess : Return(synced);
 }
 
-// Stream-ordered allocation, from the address range of the stream's device. Tandem keeps no
-// pools (cudaMallocFromPoolAsync and the cudaMemPool* calls are not supported): the memory is
-// allocated as cudaMalloc's, except that a block of the same size that cudaFreeAsync gave
-// back on this same stream is handed out again as it is: this stream's later work runs after
-// that free, and no other stream or allocation ever gets it before the stream is known past it.
+// From the current pool of the stream's device (pools.cc has cudaMallocFromPoolAsync).
 TANDEM_API cudaError_t cudaMallocAsync(void** ptr, size_t size, cudaStream_t stream) {
   if (!ptr) return Return(cudaErrorInvalidValue);
   Frontend& f = Frontend::Get();
@@ -227,21 +279,7 @@ TANDEM_API cudaError_t cudaMallocAsync(void** ptr, size_t size, cudaStream_t str
   DeviceContext* d = nullptr;
   TANDEM_RETURN_CUDA_IF_ERROR(Return(StreamTarget(stream, &d, &s)));
   if (d->sticky != cudaSuccess) return Return(d->sticky);
-  *ptr = nullptr;
-  if (size == 0) return cudaSuccess;
-  const uint64_t footprint = Footprint(*d, size);
-  for (auto it = f.freed_async.rbegin(); it != f.freed_async.rend(); ++it) {
-    if (it->stream_device != d->index || it->stream != s.handle || OwnerOf(it->address) != d ||
-        AllocationSize(*d, it->address) != footprint)
-      continue;
-    *ptr = reinterpret_cast<void*>(it->address);
-    f.freed_async.erase(std::next(it).base());
-    return cudaSuccess;
-  }
-  uint64_t address = 0;
-  TANDEM_RETURN_CUDA_IF_ERROR(Return(AllocateOrSync(lock, *d, size, &address)));
-  *ptr = reinterpret_cast<void*>(address);
-  return cudaSuccess;
+  return Return(StreamOrderedAlloc(lock, *CurrentPool(d->index), *d, s, size, ptr));
 }
 
 // Stream-ordered free: nothing waits here. The memory stays allocated until `stream` is known
@@ -259,6 +297,10 @@ TANDEM_API cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) {
   const auto a = reinterpret_cast<uint64_t>(ptr);
   DeviceContext* owner = OwnerOf(a);
   if (!owner || !IsAllocation(*owner, a) || FreedAsync(a)) return Return(cudaErrorInvalidValue);
+  if (auto p = f.pooled.find(a); p != f.pooled.end()) {
+    p->second.freed = true;
+    p->second.pool->used -= p->second.footprint;
+  }
   f.freed_async.push_back(
       Frontend::FreedAsync{.stream_device = sd->index, .stream = s.handle, .address = a, .order = ++f.freed_async_count});
   return cudaSuccess;

@@ -58,6 +58,8 @@ TANDEM_PER_THREAD(cudaMemset2DAsync, _ptsz,
                   (void* ptr, size_t pitch, int value, size_t width, size_t height, cudaStream_t stream),
                   (ptr, pitch, value, width, height, stream))
 TANDEM_PER_THREAD(cudaMallocAsync, _ptsz, (void** ptr, size_t size, cudaStream_t stream), (ptr, size, stream))
+TANDEM_PER_THREAD(cudaMallocFromPoolAsync, _ptsz, (void** ptr, size_t size, cudaMemPool_t pool, cudaStream_t stream),
+                  (ptr, size, pool, stream))
 TANDEM_PER_THREAD(cudaFreeAsync, _ptsz, (void* ptr, cudaStream_t stream), (ptr, stream))
 TANDEM_PER_THREAD(cudaLaunchKernel, _ptsz,
                   (const void* func, dim3 grid, dim3 block, void** args, size_t shared, cudaStream_t stream),
