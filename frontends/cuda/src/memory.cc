@@ -106,16 +106,9 @@ uint64_t AllocationSize(const DeviceContext& d, uint64_t a) {
 // memory runs out while cudaFreeAsync holds some of it back, the devices whose streams those
 // frees were made on are synchronized (the lock released meanwhile), which releases them,
 // before one more try.
-// From a pool (`pool`, or none for cudaMalloc), its cap counts too: frees held on it count
-// until they are released, as CUDA's pool keeps what it reserved.
-cudaError_t AllocateOrSync(std::unique_lock<std::mutex>& lock, DeviceContext& d, size_t size, uint64_t* address,
-                           const MemPool* pool = nullptr) {
+cudaError_t AllocateOrSync(std::unique_lock<std::mutex>& lock, DeviceContext& d, size_t size, uint64_t* address) {
   if (size > d.va_size) return cudaErrorMemoryAllocation;  // more than the device's range
-  auto attempt = [&] {
-    if (pool && pool->max_size && pool->reserved + Footprint(d, size) > pool->max_size) return cudaErrorMemoryAllocation;
-    return Allocate(d, size, address);
-  };
-  cudaError_t e = attempt();
+  cudaError_t e = Allocate(d, size, address);
   if (e != cudaErrorMemoryAllocation) return e;
   Frontend& f = Frontend::Get();
   std::set<int> stream_devices;
@@ -140,7 +133,7 @@ cudaError_t AllocateOrSync(std::unique_lock<std::mutex>& lock, DeviceContext& d,
   }
   lock.lock();
   if (d.sticky != cudaSuccess) return d.sticky;
-  return attempt();
+  return Allocate(d, size, address);
 }
 
 
@@ -188,7 +181,7 @@ cudaError_t StreamOrderedAlloc(std::unique_lock<std::mutex>& lock, MemPool& pool
     return cudaSuccess;
   }
   uint64_t address = 0;
-  TANDEM_RETURN_CUDA_IF_ERROR(AllocateOrSync(lock, *d, size, &address, &pool));
+  TANDEM_RETURN_CUDA_IF_ERROR(AllocateOrSync(lock, *d, size, &address));
   f.pooled[address] = Frontend::Pooled{.pool = &pool, .footprint = footprint, .freed = false};
   pool.used += footprint;
   pool.reserved += footprint;

@@ -138,7 +138,9 @@ TANDEM_API cudaError_t cudaMemSetMemPool(cudaMemLocation* location, cudaMemAlloc
   return Return(SetCurrent(device, FindPool(pool)));
 }
 
-// Pinned device memory without export handles: what the pools here can be.
+// Pinned device memory without export handles: what the pools here can be. maxSize is no
+// cap here: on driver 580 an 8 MiB allocation from a pool of maxSize 4 MiB succeeds natively
+// (the CUDA suite's mem_pools), and the driver's rule is not documented.
 TANDEM_API cudaError_t cudaMemPoolCreate(cudaMemPool_t* pool, const cudaMemPoolProps* props) {
   if (!pool || !props) return Return(cudaErrorInvalidValue);
   if (props->handleTypes != cudaMemHandleTypeNone)
@@ -150,7 +152,6 @@ TANDEM_API cudaError_t cudaMemPoolCreate(cudaMemPool_t* pool, const cudaMemPoolP
   TANDEM_RETURN_CUDA_IF_ERROR(Return(LocationDevice(&props->location, props->allocType, "cudaMemPoolCreate", &device)));
   auto p = std::make_unique<MemPool>();
   p->device = device;
-  p->max_size = props->maxSize;
   *pool = reinterpret_cast<cudaMemPool_t>(p.get());
   f.pools.emplace(p.get(), std::move(p));
   return cudaSuccess;
