@@ -253,6 +253,12 @@ TANDEM_API cudaError_t cudaDeviceSynchronize() {
   DeviceContext* d = nullptr;
   {
     std::lock_guard<std::mutex> lock(f.mu);
+    // It would wait for the capturing streams, which capture instead of running.
+    if (f.capturing.load() > 0) {
+      cudaError_t refused = cudaSuccess;
+      for (auto& [stream, c] : f.captures) refused = Refuse(c, "cudaDeviceSynchronize");
+      return Return(refused);
+    }
     TANDEM_RETURN_CUDA_IF_ERROR(Return(f.Current(&d)));
     if (d->sticky != cudaSuccess) return Return(d->sticky);
   }

@@ -14,12 +14,14 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "range_allocator.h"
@@ -141,6 +143,7 @@ struct Event {
   int device = 0;
   unsigned flags = 0;
   bool recorded = false;  // an event never recorded is complete, as in CUDA
+  unsigned long long capture = 0;  // the capture whose stream last recorded it (0: none)
   uint64_t record_stream = 0;         // where it was last recorded (IR handle)
   uint64_t copies_before_record = 0;  // the last asynchronous copy's ticket then
   // Stand-ins of its current record on other servers, for their streams to wait on (made by
@@ -160,6 +163,32 @@ struct MemPool {
   uint64_t release_threshold = 0;
   int reuse[3] = {1, 1, 1};  // cudaMemPoolReuseFollowEventDependencies .. AllowInternalDependencies
   uint64_t used = 0, used_high = 0, reserved = 0, reserved_high = 0;
+};
+
+// Stream capture and graphs (graphs.cc). A graph is the list of calls captured on one stream,
+// each kept as what makes that call again on a given stream (GraphOp): launching the graph
+// makes them, in order, on the launch stream. A node's kind ("kernel <stub>", "memcpy", ...)
+// lets cudaGraphExecUpdate tell whether two graphs have the same shape; a node's address is
+// its cudaGraphNode_t.
+using GraphOp = std::function<cudaError_t(cudaStream_t)>;
+struct GraphNode {
+  std::string kind;
+  GraphOp op;
+};
+struct Graph {
+  std::vector<std::unique_ptr<GraphNode>> nodes;
+};
+struct GraphExec {
+  std::shared_ptr<const std::vector<GraphNode>> nodes;
+};
+// One stream's capture, from cudaStreamBeginCapture to cudaStreamEndCapture.
+struct Capture {
+  unsigned long long id = 0;
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
+  std::thread::id thread;  // the thread that began it
+  bool invalidated = false;
+  Graph* graph = nullptr;  // in Frontend::graphs
+  std::vector<cudaGraphNode_t> dependencies;  // what cudaStreamGetCaptureInfo last gave out
 };
 
 class Frontend {
@@ -201,12 +230,12 @@ class Frontend {
   std::vector<FreedAsync> freed_async;
   uint64_t freed_async_count = 0;
 
-  // Memory pools (pools.cc): every pool ever made, by handle (a destroyed one stays for the
-  // allocations still counted on it); each device's current pool where cudaDeviceSetMemPool
-  // chose one other than its default; the pool and footprint of each stream-ordered
+  // Memory pools (pools.cc): the pools, by handle (a destroyed one stays while allocations
+  // are still counted on it: DropIfDone); each device's default pool, and its current pool
+  // where cudaDeviceSetMemPool chose one other than the default; the pool and footprint of each stream-ordered
   // allocation, by address, until its memory is given back (FreeNow) or its device reset.
   std::map<const void*, std::unique_ptr<MemPool>> pools;
-  std::map<int, MemPool*> current_pool;
+  std::map<int, MemPool*> default_pool, current_pool;
   struct Pooled {
     MemPool* pool = nullptr;
     uint64_t footprint = 0;
@@ -217,6 +246,14 @@ class Frontend {
   // Streams and events: client objects whose addresses are the cudaStream_t / cudaEvent_t.
   std::map<const void*, std::unique_ptr<Stream>> streams;
   std::map<const void*, std::unique_ptr<Event>> events;
+
+  // Graphs and their instantiations by handle, and the captures under way by stream; `capturing`
+  // counts those so that calls skip the capture check (and the lock) while there is none.
+  std::map<const void*, std::unique_ptr<Graph>> graphs;
+  std::map<const void*, std::unique_ptr<GraphExec>> graph_execs;
+  std::map<const void*, Capture> captures;
+  std::atomic<int> capturing{0};
+  unsigned long long next_capture_id = 1;
 
   // Asynchronous copies whose host side is not done yet (a cudaMemcpyAsync D2H that has not
   // landed, an H2D whose source is still read); every sync point waits for them. Each has a
@@ -321,6 +358,19 @@ MemPool* DefaultPool(int device);
 MemPool* CurrentPool(int device);
 MemPool* FindPool(const void* handle);
 void ResetPools(DeviceContext& d);
+// Forgets a destroyed pool once nothing is counted on it any more.
+void DropIfDone(MemPool* pool);
+
+// Stream capture (graphs.cc). The capture of `stream`, if it is capturing. Needs mu.
+Capture* CaptureOf(cudaStream_t stream);
+// Adds a node to a capture (cudaErrorStreamCaptureInvalidated once it was invalidated), or,
+// for a call that cannot be captured (`what` names it, logged once), invalidates the capture
+// and answers cudaErrorStreamCaptureUnsupported, as CUDA does. Need mu.
+cudaError_t Record(Capture& c, std::string kind, GraphOp op);
+cudaError_t Refuse(Capture& c, const std::string& what);
+// For a call on `stream`: nothing while it is not capturing; otherwise Record(op), or Refuse
+// when `op` is empty (`kind` then says what the call was). Takes mu.
+std::optional<cudaError_t> Captured(cudaStream_t stream, std::string kind, GraphOp op);
 
 // Waits for everything queued on the device (its streams, pending copies and callbacks) and
 // returns what went wrong asynchronously. Call without holding Frontend::mu.

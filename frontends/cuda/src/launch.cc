@@ -59,6 +59,20 @@ cudaError_t Launch(const void* func, dim3 grid, dim3 block, void** args, size_t 
                     .flags = flags};
   const ir::ParamList& params = fn->info.params;
   if (!params.empty() && !args) return cudaErrorInvalidValue;
+  if (Capture* c = CaptureOf(stream)) {
+    // The arguments' values now, as CUDA captures them; the node launches with them again.
+    std::vector<std::vector<uint8_t>> values;
+    for (size_t i = 0; i < params.size(); ++i) {
+      const auto* p = static_cast<const uint8_t*>(args[i]);
+      values.emplace_back(p, p + params[i].size);
+    }
+    return Record(*c, "kernel " + std::to_string(reinterpret_cast<uintptr_t>(func)),
+                  [func, grid, block, values = std::move(values), shared, flags](cudaStream_t at) {
+                    std::vector<void*> ptrs;
+                    for (const auto& v : values) ptrs.push_back(const_cast<uint8_t*>(v.data()));
+                    return Launch(func, grid, block, ptrs.data(), shared, at, flags);
+                  });
+  }
   req.args.reserve(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
     const auto* p = static_cast<const uint8_t*>(args[i]);

@@ -301,6 +301,7 @@ TANDEM_API cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemc
 }
 
 TANDEM_API cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cudaStream_t stream) {
+  if (auto c = Captured(stream, "memcpy", [=](cudaStream_t s) { return cudaMemcpyAsync(dst, src, n, kind, s); })) return Return(*c);
   return Return(Copy(dst, src, n, kind, stream, true));
 }
 
@@ -311,6 +312,10 @@ TANDEM_API cudaError_t cudaMemcpy2D(void* dst, size_t dpitch, const void* src, s
 
 TANDEM_API cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
                                          size_t height, cudaMemcpyKind kind, cudaStream_t stream) {
+  if (auto c = Captured(stream, "memcpy", [=](cudaStream_t s) {
+        return cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, kind, s);
+      }))
+    return Return(*c);
   return Return(Copy2D(dst, dpitch, src, spitch, width, height, kind, stream, true));
 }
 
@@ -338,12 +343,17 @@ TANDEM_API cudaError_t cudaMemcpyPeer(void* dst, int dst_device, const void* src
 
 TANDEM_API cudaError_t cudaMemcpyPeerAsync(void* dst, int dst_device, const void* src, int src_device, size_t n,
                                            cudaStream_t stream) {
+  if (auto c = Captured(stream, "memcpy", [=](cudaStream_t s) {
+        return cudaMemcpyPeerAsync(dst, dst_device, src, src_device, n, s);
+      }))
+    return Return(*c);
   return Return(PeerCopy(dst, dst_device, src, src_device, n, stream, true));
 }
 
 TANDEM_API cudaError_t cudaMemset(void* ptr, int value, size_t n) { return Return(Fill(ptr, value, n, nullptr)); }
 
 TANDEM_API cudaError_t cudaMemsetAsync(void* ptr, int value, size_t n, cudaStream_t stream) {
+  if (auto c = Captured(stream, "memset", [=](cudaStream_t s) { return cudaMemsetAsync(ptr, value, n, s); })) return Return(*c);
   return Return(Fill(ptr, value, n, stream));
 }
 
@@ -354,6 +364,10 @@ TANDEM_API cudaError_t cudaMemset2D(void* ptr, size_t pitch, int value, size_t w
 // One fill per row, posted together (asynchronous like every fill).
 TANDEM_API cudaError_t cudaMemset2DAsync(void* ptr, size_t pitch, int value, size_t width, size_t height,
                                          cudaStream_t stream) {
+  if (auto c = Captured(stream, "memset", [=](cudaStream_t s) {
+        return cudaMemset2DAsync(ptr, pitch, value, width, height, s);
+      }))
+    return Return(*c);
   if (width > pitch) return Return(cudaErrorInvalidValue);
   for (size_t row = 0; row < height; ++row)
     TANDEM_RETURN_CUDA_IF_ERROR(Return(Fill(static_cast<uint8_t*>(ptr) + row * pitch, value, width, stream)));
@@ -363,6 +377,10 @@ TANDEM_API cudaError_t cudaMemset2DAsync(void* ptr, size_t pitch, int value, siz
 TANDEM_API cudaError_t cudaMemcpy3D(const cudaMemcpy3DParms* p) { return Return(Copy3D(p, nullptr, false)); }
 
 TANDEM_API cudaError_t cudaMemcpy3DAsync(const cudaMemcpy3DParms* p, cudaStream_t stream) {
+  if (p) {
+    if (auto c = Captured(stream, "memcpy", [parms = *p](cudaStream_t s) { return cudaMemcpy3DAsync(&parms, s); }))
+      return Return(*c);
+  }
   return Return(Copy3D(p, stream, true));
 }
 
@@ -372,6 +390,8 @@ TANDEM_API cudaError_t cudaMemset3D(cudaPitchedPtr ptr, int value, cudaExtent ex
 
 // One 2-D fill per slice.
 TANDEM_API cudaError_t cudaMemset3DAsync(cudaPitchedPtr ptr, int value, cudaExtent extent, cudaStream_t stream) {
+  if (auto c = Captured(stream, "memset", [=](cudaStream_t s) { return cudaMemset3DAsync(ptr, value, extent, s); }))
+    return Return(*c);
   if (extent.width == 0 || extent.height == 0 || extent.depth == 0) return cudaSuccess;
   for (size_t z = 0; z < extent.depth; ++z) {
     uintptr_t at = 0;
@@ -402,6 +422,10 @@ TANDEM_API cudaError_t cudaMemcpyFromSymbol(void* dst, const void* symbol, size_
 
 TANDEM_API cudaError_t cudaMemcpyToSymbolAsync(const void* symbol, const void* src, size_t count, size_t offset,
                                                cudaMemcpyKind kind, cudaStream_t stream) {
+  if (auto c = Captured(stream, "memcpy", [=](cudaStream_t s) {
+        return cudaMemcpyToSymbolAsync(symbol, src, count, offset, kind, s);
+      }))
+    return Return(*c);
   if (kind != cudaMemcpyHostToDevice && kind != cudaMemcpyDeviceToDevice && kind != cudaMemcpyDefault)
     return Return(cudaErrorInvalidMemcpyDirection);
   void* dst = nullptr;
@@ -411,6 +435,10 @@ TANDEM_API cudaError_t cudaMemcpyToSymbolAsync(const void* symbol, const void* s
 
 TANDEM_API cudaError_t cudaMemcpyFromSymbolAsync(void* dst, const void* symbol, size_t count, size_t offset,
                                                  cudaMemcpyKind kind, cudaStream_t stream) {
+  if (auto c = Captured(stream, "memcpy", [=](cudaStream_t s) {
+        return cudaMemcpyFromSymbolAsync(dst, symbol, count, offset, kind, s);
+      }))
+    return Return(*c);
   if (kind != cudaMemcpyDeviceToHost && kind != cudaMemcpyDeviceToDevice && kind != cudaMemcpyDefault)
     return Return(cudaErrorInvalidMemcpyDirection);
   void* src = nullptr;

@@ -62,9 +62,11 @@ DeviceContext* OwnerOf(uint64_t address) {
 cudaError_t FreeNow(DeviceContext& d, uint64_t a) {
   Frontend& f = Frontend::Get();
   if (auto p = f.pooled.find(a); p != f.pooled.end()) {  // a stream-ordered allocation: its pool lets go of it
-    if (!p->second.freed) p->second.pool->used -= p->second.footprint;
-    p->second.pool->reserved -= p->second.footprint;
+    MemPool* pool = p->second.pool;
+    if (!p->second.freed) pool->used -= p->second.footprint;
+    pool->reserved -= p->second.footprint;
     f.pooled.erase(p);
+    DropIfDone(pool);
   }
   if (auto s = d.small.find(a); s != d.small.end()) {
     d.allocations.at(s->second.first).carve->Free(a, s->second.second);
@@ -135,7 +137,6 @@ cudaError_t AllocateOrSync(std::unique_lock<std::mutex>& lock, DeviceContext& d,
   if (d.sticky != cudaSuccess) return d.sticky;
   return Allocate(d, size, address);
 }
-
 
 }  // namespace
 
@@ -268,6 +269,7 @@ TANDEM_API cudaError_t cudaMallocAsync(void** ptr, size_t size, cudaStream_t str
   if (!ptr) return Return(cudaErrorInvalidValue);
   Frontend& f = Frontend::Get();
   std::unique_lock<std::mutex> lock(f.mu);
+  if (Capture* c = CaptureOf(stream)) return Return(Refuse(*c, "cudaMallocAsync (a memory node)"));
   StreamRef s;
   DeviceContext* d = nullptr;
   TANDEM_RETURN_CUDA_IF_ERROR(Return(StreamTarget(stream, &d, &s)));
@@ -284,6 +286,7 @@ TANDEM_API cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) {
   if (!ptr) return cudaSuccess;
   Frontend& f = Frontend::Get();
   std::lock_guard<std::mutex> lock(f.mu);
+  if (Capture* c = CaptureOf(stream)) return Return(Refuse(*c, "cudaFreeAsync (a memory node)"));
   StreamRef s;
   DeviceContext* sd = nullptr;
   TANDEM_RETURN_CUDA_IF_ERROR(Return(StreamTarget(stream, &sd, &s)));

@@ -89,3 +89,9 @@ TANDEM_PER_THREAD(cudaStreamGetCaptureInfo, _ptsz,
                   (cudaStream_t stream, cudaStreamCaptureStatus* status, unsigned long long* id, cudaGraph_t* graph,
                    const cudaGraphNode_t** dependencies, const cudaGraphEdgeData** edge_data, size_t* count),
                   (stream, status, id, graph, dependencies, edge_data, count))
+
+// Stream capture and graph launches (graphs.cc).
+TANDEM_PER_THREAD(cudaStreamBeginCapture, _ptsz, (cudaStream_t stream, cudaStreamCaptureMode mode), (stream, mode))
+TANDEM_PER_THREAD(cudaStreamEndCapture, _ptsz, (cudaStream_t stream, cudaGraph_t* graph), (stream, graph))
+TANDEM_PER_THREAD(cudaGraphLaunch, _ptsz, (cudaGraphExec_t exec, cudaStream_t stream), (exec, stream))
+TANDEM_PER_THREAD(cudaGraphUpload, _ptsz, (cudaGraphExec_t exec, cudaStream_t stream), (exec, stream))

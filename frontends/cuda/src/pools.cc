@@ -2,7 +2,6 @@
 // cudaMallocAsync takes from, their attributes and accounting, and cudaMallocFromPoolAsync.
 // A pool is a client-side object (MemPool, frontend.h): its memory is ordinary device memory
 // of the client's address range, and it holds nothing past a synchronize.
-#include <algorithm>
 #include <cstring>
 
 #include "frontend.h"
@@ -11,14 +10,19 @@ namespace tandem::cuda {
 
 MemPool* DefaultPool(int device) {
   Frontend& f = Frontend::Get();
-  for (auto& [handle, pool] : f.pools)
-    if (pool->is_default && pool->device == device) return pool.get();
-  auto pool = std::make_unique<MemPool>();
-  pool->device = device;
-  pool->is_default = true;
-  MemPool* p = pool.get();
-  f.pools.emplace(p, std::move(pool));
+  MemPool*& p = f.default_pool[device];
+  if (!p) {
+    auto pool = std::make_unique<MemPool>();
+    pool->device = device;
+    pool->is_default = true;
+    p = pool.get();
+    f.pools.emplace(p, std::move(pool));
+  }
   return p;
+}
+
+void DropIfDone(MemPool* pool) {
+  if (pool->destroyed && pool->reserved == 0) Frontend::Get().pools.erase(pool);
 }
 
 MemPool* CurrentPool(int device) {
@@ -36,10 +40,11 @@ MemPool* FindPool(const void* handle) {
 void ResetPools(DeviceContext& d) {
   Frontend& f = Frontend::Get();
   for (auto it = f.pooled.lower_bound(d.va_base); it != f.pooled.end() && it->first - d.va_base < d.va_size;) {
-    const Frontend::Pooled& p = it->second;
-    if (!p.freed) p.pool->used -= p.footprint;
-    p.pool->reserved -= p.footprint;
+    MemPool* pool = it->second.pool;
+    if (!it->second.freed) pool->used -= it->second.footprint;
+    pool->reserved -= it->second.footprint;
     it = f.pooled.erase(it);
+    DropIfDone(pool);
   }
   f.current_pool.erase(d.index);
 }
@@ -55,8 +60,7 @@ cudaError_t LocationDevice(const cudaMemLocation* location, cudaMemAllocationTyp
     return cudaErrorNotSupported;
   }
   if (type != cudaMemAllocationTypePinned) return cudaErrorInvalidValue;
-  if (location->type == cudaMemLocationTypeHost || location->type == cudaMemLocationTypeHostNuma ||
-      location->type == cudaMemLocationTypeHostNumaCurrent) {
+  if (location->type == cudaMemLocationTypeHost || location->type == cudaMemLocationTypeHostNuma) {
     log::Once(std::string(call) + " for host memory (kernels on remote devices cannot reach it)");
     return cudaErrorNotSupported;
   }
@@ -65,6 +69,12 @@ cudaError_t LocationDevice(const cudaMemLocation* location, cudaMemAllocationTyp
   if (Frontend::Get().Device(location->id, &d) != cudaSuccess) return cudaErrorInvalidValue;
   *device = location->id;
   return cudaSuccess;
+}
+
+// Whether `device` is one of the program's devices, without setting it up. Needs mu.
+bool DeviceIndexValid(int device) {
+  std::vector<DeviceContext*>* list = nullptr;
+  return Frontend::Get().Devices(&list) == cudaSuccess && device >= 0 && static_cast<size_t>(device) < list->size();
 }
 
 cudaError_t SetCurrent(int device, MemPool* pool) {
@@ -166,6 +176,7 @@ TANDEM_API cudaError_t cudaMemPoolDestroy(cudaMemPool_t pool) {
   if (!p || p->is_default) return Return(cudaErrorInvalidValue);
   p->destroyed = true;
   if (auto it = f.current_pool.find(p->device); it != f.current_pool.end() && it->second == p) f.current_pool.erase(it);
+  DropIfDone(p);
   return cudaSuccess;
 }
 
@@ -239,8 +250,7 @@ TANDEM_API cudaError_t cudaMemPoolSetAccess(cudaMemPool_t pool, const cudaMemAcc
   if (!p) return Return(cudaErrorInvalidValue);
   for (size_t i = 0; i < count; ++i) {
     const cudaMemAccessDesc& a = descs[i];
-    DeviceContext* d = nullptr;
-    if (a.location.type != cudaMemLocationTypeDevice || f.Device(a.location.id, &d) != cudaSuccess)
+    if (a.location.type != cudaMemLocationTypeDevice || !DeviceIndexValid(a.location.id))
       return Return(cudaErrorInvalidValue);
     if (a.location.id == p->device ? a.flags != cudaMemAccessFlagsProtReadWrite : a.flags != cudaMemAccessFlagsProtNone)
       return Unsupported("cudaMemPoolSetAccess other than read-write for the pool's own device");
@@ -253,8 +263,7 @@ TANDEM_API cudaError_t cudaMemPoolGetAccess(cudaMemAccessFlags* flags, cudaMemPo
   Frontend& f = Frontend::Get();
   std::lock_guard<std::mutex> lock(f.mu);
   MemPool* p = FindPool(pool);
-  DeviceContext* d = nullptr;
-  if (!p || location->type != cudaMemLocationTypeDevice || f.Device(location->id, &d) != cudaSuccess)
+  if (!p || location->type != cudaMemLocationTypeDevice || !DeviceIndexValid(location->id))
     return Return(cudaErrorInvalidValue);
   *flags = location->id == p->device ? cudaMemAccessFlagsProtReadWrite : cudaMemAccessFlagsProtNone;
   return cudaSuccess;
@@ -267,6 +276,7 @@ TANDEM_API cudaError_t cudaMallocFromPoolAsync(void** ptr, size_t size, cudaMemP
   std::unique_lock<std::mutex> lock(f.mu);
   MemPool* p = FindPool(pool);
   if (!p) return Return(cudaErrorInvalidValue);
+  if (Capture* c = CaptureOf(stream)) return Return(Refuse(*c, "cudaMallocFromPoolAsync (a memory node)"));
   StreamRef s;
   DeviceContext* sd = nullptr;
   TANDEM_RETURN_CUDA_IF_ERROR(Return(StreamTarget(stream, &sd, &s)));

@@ -252,6 +252,11 @@ TANDEM_API cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   if (it == f.streams.end()) return Return(cudaErrorInvalidResourceHandle);
   DeviceContext* d = nullptr;
   TANDEM_RETURN_CUDA_IF_ERROR(Return(f.Device(it->second->device, &d)));
+  if (auto c = f.captures.find(stream); c != f.captures.end()) {  // its capture ends with it, graph and all
+    f.graphs.erase(c->second.graph);
+    f.captures.erase(c);
+    f.capturing.fetch_sub(1, std::memory_order_acq_rel);
+  }
   d->session().Post(ir::StreamDestroyReq{.stream = it->second->handle});
   d->foreign_waits.erase(it->second->handle);
   f.ForgetStream(it->second->handle);
@@ -265,6 +270,7 @@ TANDEM_API cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   StreamRef s;
   {
     std::lock_guard<std::mutex> lock(f.mu);
+    if (Capture* c = CaptureOf(stream)) return Return(Refuse(*c, "cudaStreamSynchronize of the capturing stream"));
     TANDEM_RETURN_CUDA_IF_ERROR(Return(StreamTarget(stream, &d, &s)));
     if (d->sticky != cudaSuccess) return Return(d->sticky);
   }
@@ -292,6 +298,7 @@ TANDEM_API cudaError_t cudaStreamQuery(cudaStream_t stream) {
   uint64_t copies_before = 0;
   {
     std::lock_guard<std::mutex> lock(f.mu);
+    if (Capture* c = CaptureOf(stream)) return Return(Refuse(*c, "cudaStreamQuery of the capturing stream"));
     TANDEM_RETURN_CUDA_IF_ERROR(Return(StreamTarget(stream, &d, &s)));
     if (d->sticky != cudaSuccess) return Return(d->sticky);
     copies_before = f.LastPendingTicket();
@@ -318,6 +325,17 @@ TANDEM_API cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t even
   StreamRef s;
   TANDEM_RETURN_CUDA_IF_ERROR(Return(StreamTarget(stream, &d, &s)));
   Event& ev = *e->second;
+  // In a capture, only a wait on what the same capture recorded: one stream's nodes form a chain
+  // already, so it adds nothing. An event of a capture waited on by another stream would make
+  // that stream join the capture: refused.
+  if (Capture* c = CaptureOf(stream)) {
+    if (ev.capture != c->id) return Return(Refuse(*c, "cudaStreamWaitEvent on an event recorded outside the capture"));
+    return Return(c->invalidated ? cudaErrorStreamCaptureInvalidated : cudaSuccess);
+  }
+  if (ev.capture) {
+    for (auto& [captured, c] : f.captures)
+      if (c.id == ev.capture) return Return(Refuse(c, "a second stream joining a capture (cudaStreamWaitEvent)"));
+  }
   if (!ev.recorded) return cudaSuccess;  // waiting on a never-recorded event is a no-op
   DeviceContext* ed = nullptr;
   TANDEM_RETURN_CUDA_IF_ERROR(Return(f.Device(ev.device, &ed)));
@@ -360,12 +378,16 @@ TANDEM_API cudaError_t cudaStreamGetFlags(cudaStream_t stream, unsigned int* fla
 
 TANDEM_API cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* data) {
   if (!fn) return Return(cudaErrorInvalidValue);
+  if (auto c = Captured(stream, "host", [fn, data](cudaStream_t s) { return cudaLaunchHostFunc(s, fn, data); }))
+    return Return(*c);
   return Return(AddCallback(stream, [fn, data](cudaError_t) { fn(data); }));
 }
 
 TANDEM_API cudaError_t cudaStreamAddCallback(cudaStream_t stream, cudaStreamCallback_t callback, void* data,
                                              unsigned int flags) {
   if (!callback || flags != 0) return Return(cudaErrorInvalidValue);
+  if (auto c = Captured(stream, "host", [callback, data](cudaStream_t s) { return cudaStreamAddCallback(s, callback, data, 0); }))
+    return Return(*c);
   return Return(AddCallback(stream, [callback, stream, data](cudaError_t st) { callback(stream, st, data); }));
 }
 
@@ -419,7 +441,14 @@ TANDEM_API cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   StreamRef s;
   TANDEM_RETURN_CUDA_IF_ERROR(Return(StreamTarget(stream, &d, &s)));
   if (d->index != it->second->device) return Return(cudaErrorInvalidResourceHandle);
+  // In a capture, as in CUDA, a record is no node: it marks a point of the capture for waits.
+  if (Capture* c = CaptureOf(stream)) {
+    if (c->invalidated) return Return(cudaErrorStreamCaptureInvalidated);
+    it->second->capture = c->id;
+    return cudaSuccess;
+  }
   d->session().Post(ir::MarkerReq{.stream = s.handle, .barrier = 0, .wait = {}, .signal = it->second->handle});
+  it->second->capture = 0;
   it->second->recorded = true;
   it->second->record_stream = s.handle;
   it->second->copies_before_record = f.LastPendingTicket();
@@ -490,28 +519,11 @@ TANDEM_API cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEv
   return cudaSuccess;
 }
 
-// ---- stream capture (graphs are not supported: no stream is ever capturing) --------------------
+// ---- stream capture (the rest is in graphs.cc) ------------------------------------------------
 
-TANDEM_API cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
-  if (!status) return Return(cudaErrorInvalidValue);
-  Frontend& f = Frontend::Get();
-  std::lock_guard<std::mutex> lock(f.mu);
-  StreamRef s;
-  TANDEM_RETURN_CUDA_IF_ERROR(Return(ResolveStream(stream, &s)));
-  *status = cudaStreamCaptureStatusNone;
-  return cudaSuccess;
-}
-
-// Outside a capture only the status is defined; the rest is left as CUDA leaves it.
-TANDEM_API cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream, cudaStreamCaptureStatus* status,
-                                                unsigned long long* /*id*/, cudaGraph_t* /*graph*/,
-                                                const cudaGraphNode_t** /*dependencies*/,
-                                                const cudaGraphEdgeData** /*edge_data*/, size_t* /*count*/) {
-  return cudaStreamIsCapturing(stream, status);
-}
-
-// The calling thread's capture interaction mode: exchanged, though with no capture it governs
-// nothing.
+// The calling thread's capture interaction mode: exchanged. Tandem is more lenient than CUDA
+// in every mode: calls that are unsafe during a global capture (cudaMalloc, a copy on the
+// legacy stream) are made, not refused.
 TANDEM_API cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode* mode) {
   if (!mode || (*mode != cudaStreamCaptureModeGlobal && *mode != cudaStreamCaptureModeThreadLocal &&
                 *mode != cudaStreamCaptureModeRelaxed))

@@ -1,9 +1,10 @@
 // Memory pools: the default and the current pool of a device, a pool of cudaMemPoolCreate
 // made current and taken from by cudaMallocAsync, cudaMallocFromPoolAsync on two streams,
-// attributes (reuse flags, release threshold, what is used and reserved, high watermarks and
-// their reset), access, a pool with a maximum size, destroying a pool with an allocation still out, and
-// the calls' refusals. Printed as facts that hold on any GPU (no byte counts that depend on
-// the driver's granularity), so native and Tandem print the same.
+// reuse of a freed block on its stream, cudaFree of a pool's block, attributes (reuse flags,
+// release threshold, what is used and reserved, high watermarks and their reset), access, a
+// pool with a maximum size, destroying a pool with an allocation still out, and the calls'
+// refusals. Printed as facts (no byte counts that depend on the driver's granularity), so
+// native and Tandem print the same.
 #include <cstdint>
 #include <cstdio>
 
@@ -86,6 +87,11 @@ int main() {
   const uint64_t used2 = attr64(pool, cudaMemPoolAttrUsedMemCurrent);
   printf("used >= 2 MiB: %d, reserved >= used: %d, default pool untouched: %d\n", used2 >= (2u << 20),
          attr64(pool, cudaMemPoolAttrReservedMemCurrent) >= used2, attr64(def, cudaMemPoolAttrUsedMemCurrent) == 0);
+  // Freed and asked for again on the same stream: the pool hands the block back, used as before.
+  CHECK(cudaFreeAsync(a, s1));
+  CHECK(cudaMallocFromPoolAsync(reinterpret_cast<void**>(&a), n * sizeof(int), pool, s1));
+  printf("reused on its stream: used as before %d, filled %d\n", attr64(pool, cudaMemPoolAttrUsedMemCurrent) == used2,
+         filled_ok(a, n, 13, s1));
   CHECK(cudaFreeAsync(a, s1));
   CHECK(cudaFreeAsync(b, s2));
   CHECK(cudaDeviceSynchronize());
@@ -99,6 +105,13 @@ int main() {
   printf("current set: %s\n", cudaGetErrorName(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &zero)));
   cudaGetLastError();
   CHECK(cudaMemPoolTrimTo(pool, 0));
+  // cudaFree of a pool's allocation gives it back too.
+  CHECK(cudaMallocFromPoolAsync(reinterpret_cast<void**>(&a), n * sizeof(int), pool, s1));
+  CHECK(cudaStreamSynchronize(s1));
+  const bool counted = attr64(pool, cudaMemPoolAttrUsedMemCurrent) >= (1u << 20);
+  CHECK(cudaFree(a));
+  printf("cudaFree of a pool's block: counted %d, used after %llu\n", counted,
+         static_cast<unsigned long long>(attr64(pool, cudaMemPoolAttrUsedMemCurrent)));
 
   // The pool made current: cudaMallocAsync takes from it.
   CHECK(cudaDeviceSetMemPool(0, pool));
@@ -121,9 +134,12 @@ int main() {
   cudaMemPool_t capped = nullptr;
   CHECK(cudaMemPoolCreate(&capped, &props));
   int* big = nullptr;
-  const cudaError_t e8 = cudaMallocFromPoolAsync(reinterpret_cast<void**>(&big), 8u << 20, capped, s1);
-  printf("8 MiB from a 4 MiB pool: %s\n", cudaGetErrorName(e8));
-  if (e8 == cudaSuccess) CHECK(cudaFreeAsync(big, s1));
+  for (size_t mib : {8, 64, 256}) {
+    const cudaError_t e = cudaMallocFromPoolAsync(reinterpret_cast<void**>(&big), mib << 20, capped, s1);
+    printf("%zu MiB from a 4 MiB pool: %s\n", mib, cudaGetErrorName(e));
+    if (e == cudaSuccess) CHECK(cudaFreeAsync(big, s1));
+    CHECK(cudaStreamSynchronize(s1));
+  }
   cudaGetLastError();
   CHECK(cudaMallocFromPoolAsync(reinterpret_cast<void**>(&big), 1u << 20, capped, s1));
   printf("1 MiB from it: filled %d\n", filled_ok(big, (1 << 20) / 4, 9, s1));
