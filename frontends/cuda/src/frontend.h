@@ -160,6 +160,7 @@ struct MemPool {
   int device = 0;
   bool is_default = false;
   bool destroyed = false;  // by cudaMemPoolDestroy: no longer a valid handle
+  uint64_t cap = 0;        // what it may reserve, from cudaMemPoolProps::maxSize (0: no cap)
   uint64_t release_threshold = 0;
   int reuse[3] = {1, 1, 1};  // cudaMemPoolReuseFollowEventDependencies .. AllowInternalDependencies
   uint64_t used = 0, used_high = 0, reserved = 0, reserved_high = 0;

@@ -1,6 +1,5 @@
 // Stream capture and graphs, on the client. A capture records each call made on its stream
-// (launches, copies, fills, host functions, graph launches) as a node that makes the call
-// again; nothing is sent. An event recorded and waited on within the capture adds no node, as
+// (launches, copies, fills, host functions) as a node that makes the call again; nothing is sent. An event recorded and waited on within the capture adds no node, as
 // in CUDA. Launching a graph makes its
 // nodes' calls, in order, on the launch stream, as ordinary asynchronous commands: a kernel's
 // arguments are the values captured, a copy reads and writes host memory when it runs, as in
@@ -220,8 +219,12 @@ TANDEM_API cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream
     GraphExec* e = FindExec(exec);
     if (!e) return Return(cudaErrorInvalidValue);
     nodes = e->nodes;
-    if (Capture* c = CaptureOf(stream))  // a graph launched into a capture: one node of it
-      return Return(Record(*c, "graph", [nodes](cudaStream_t s) { return RunNodes(*nodes, s); }));
+    // Into a capturing stream: refused natively (driver 580, the CUDA suite's graphs), which
+    // invalidates the capture as any refusal does.
+    if (Capture* c = CaptureOf(stream)) {
+      c->invalidated = true;
+      return Return(cudaErrorStreamCaptureUnsupported);
+    }
   }
   return Return(RunNodes(*nodes, stream));
 }

@@ -181,6 +181,9 @@ cudaError_t StreamOrderedAlloc(std::unique_lock<std::mutex>& lock, MemPool& pool
     f.freed_async.erase(std::next(it).base());
     return cudaSuccess;
   }
+  // A capped pool: what it holds back counts until released, as natively (a synchronize
+  // first, as when the device's memory runs out, would let a release in).
+  if (pool.cap && pool.reserved + footprint > pool.cap) return cudaErrorMemoryAllocation;
   uint64_t address = 0;
   TANDEM_RETURN_CUDA_IF_ERROR(AllocateOrSync(lock, *d, size, &address));
   f.pooled[address] = Frontend::Pooled{.pool = &pool, .footprint = footprint, .freed = false};

@@ -148,9 +148,11 @@ TANDEM_API cudaError_t cudaMemSetMemPool(cudaMemLocation* location, cudaMemAlloc
   return Return(SetCurrent(device, FindPool(pool)));
 }
 
-// Pinned device memory without export handles: what the pools here can be. maxSize is no
-// cap here: on driver 580 an 8 MiB allocation from a pool of maxSize 4 MiB succeeds natively
-// (the CUDA suite's mem_pools), and the driver's rule is not documented.
+// Pinned device memory without export handles: what the pools here can be. maxSize caps what
+// the pool reserves at maxSize rounded up to 32 MiB, the driver's chunk: on driver 580 a pool of
+// maxSize 4 MiB gives 32 MiB and not 33, one of 33 MiB 64 and not 65, one of 100 MiB 128, and
+// two allocations of 17 MiB do not fit in a pool of 32 MiB (native_probes/pool_probe.cu in
+// bench/experiments; its output in bench/results/2026-11-27-e).
 TANDEM_API cudaError_t cudaMemPoolCreate(cudaMemPool_t* pool, const cudaMemPoolProps* props) {
   if (!pool || !props) return Return(cudaErrorInvalidValue);
   if (props->handleTypes != cudaMemHandleTypeNone)
@@ -160,8 +162,13 @@ TANDEM_API cudaError_t cudaMemPoolCreate(cudaMemPool_t* pool, const cudaMemPoolP
   std::lock_guard<std::mutex> lock(f.mu);
   int device = 0;
   TANDEM_RETURN_CUDA_IF_ERROR(Return(LocationDevice(&props->location, props->allocType, "cudaMemPoolCreate", &device)));
+  constexpr uint64_t kChunk = 32u << 20;
   auto p = std::make_unique<MemPool>();
   p->device = device;
+  if (props->maxSize) {
+    if (props->maxSize > UINT64_MAX - kChunk) return Return(cudaErrorInvalidValue);
+    p->cap = (props->maxSize + kChunk - 1) / kChunk * kChunk;
+  }
   *pool = reinterpret_cast<cudaMemPool_t>(p.get());
   f.pools.emplace(p.get(), std::move(p));
   return cudaSuccess;

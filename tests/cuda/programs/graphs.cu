@@ -1,10 +1,9 @@
 // Stream capture and graphs: a captured sequence (kernels with arguments by value, a fill, copies
 // device to device, host to device and device to host, a host function, an event record and a
 // wait on it) launched several times and into another stream, host memory read when the graph
-// runs, cudaGraphExecUpdate with a graph of the same shape and refused for another shape, a
-// graph launched inside a capture, capture status and info, and what a capture refuses (a
-// synchronize of the capturing stream, the legacy stream, a capture begun twice or ended
-// without one). Printed as facts, so native and Tandem print the same. (What Tandem refuses
+// runs, cudaGraphExecUpdate with a graph of the same shape and refused for another shape,
+// capture status and info, and what a capture refuses (a graph launch, a synchronize of the
+// capturing stream, the legacy stream, a capture begun twice or ended without one). Printed as facts, so native and Tandem print the same. (What Tandem refuses
 // and CUDA captures, a second stream joining or stream-ordered allocation, is not here.)
 #include <cstdio>
 #include <cstring>
@@ -112,20 +111,13 @@ int main() {
          info.result != cudaGraphExecUpdateSuccess);
   cudaGetLastError();
 
-  // A graph launched inside a capture: the outer graph runs it.
+  // A graph launched into a capturing stream: refused natively.
   CHECK(cudaStreamBeginCapture(other, cudaStreamCaptureModeGlobal));
-  CHECK(cudaGraphLaunch(exec, other));
-  CHECK(cudaLaunchHostFunc(other, count_call, nullptr));
+  printf("graph launched into a capture: %s\n", cudaGetErrorName(cudaGraphLaunch(exec, other)));
   cudaGraph_t outer = nullptr;
-  CHECK(cudaStreamEndCapture(other, &outer));
-  cudaGraphExec_t outer_exec = nullptr;
-  CHECK(cudaGraphInstantiate(&outer_exec, outer, 0));
-  for (int i = 0; i < n; ++i) in[i] = 2 * i;
-  CHECK(cudaGraphLaunch(outer_exec, s));
-  CHECK(cudaStreamSynchronize(s));
-  good = 1;
-  for (int i = 0; i < n; ++i) good &= out[i] == 4 * i + 7;
-  printf("graph in a graph: right %d, host calls %d\n", good, host_calls);
+  printf("that capture's end: %s\n", cudaGetErrorName(cudaStreamEndCapture(other, &outer)));
+  if (outer) CHECK(cudaGraphDestroy(outer));
+  cudaGetLastError();
 
   // What a capture refuses; the capture is invalidated, and its end says so.
   CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
@@ -147,9 +139,7 @@ int main() {
   printf("end without a capture: %s\n", cudaGetErrorName(cudaStreamEndCapture(s, &none)));
   cudaGetLastError();
 
-  CHECK(cudaGraphExecDestroy(outer_exec));
   CHECK(cudaGraphExecDestroy(exec));
-  CHECK(cudaGraphDestroy(outer));
   CHECK(cudaGraphDestroy(other_shape));
   CHECK(cudaGraphDestroy(same_shape));
   CHECK(cudaGraphDestroy(graph));
