@@ -130,6 +130,25 @@ cl_int ReleaseProgram(cl_program p) {
   return CL_SUCCESS;
 }
 
+// Marks a build or compile on `targets` as under way, unless the program has kernels or a build
+// is under way already (CL_INVALID_OPERATION). Needs p->mu.
+cl_int BeginBuildLocked(cl_program p, const std::vector<std::pair<cl_device_id, uint64_t>>& targets) {
+  if (p->kernels > 0) return CL_INVALID_OPERATION;
+  for (auto& pd : p->per_device)
+    if (pd.status == CL_BUILD_IN_PROGRESS) return CL_INVALID_OPERATION;
+  for (auto& t : targets) p->For(t.first)->status = CL_BUILD_IN_PROGRESS;
+  return CL_SUCCESS;
+}
+
+// A device's program as a build or compile with `options` leaves it before its outcome is
+// written in: no binary, no kernels.
+void ClearBuild(_cl_program::PerDevice* pd, const std::string& options) {
+  pd->options = options;
+  pd->binary.reset();
+  pd->functions.clear();
+  pd->binary_type = CL_PROGRAM_BINARY_TYPE_NONE;
+}
+
 // Builds on each device in turn (ModuleBuild waits for the remote compiler); the log and
 // the kernels' FunctionInfo come back with the reply.
 cl_int BuildProgram(cl_program p, cl_uint num_devices, const cl_device_id* device_list, const char* options,
@@ -139,11 +158,8 @@ cl_int BuildProgram(cl_program p, cl_uint num_devices, const cl_device_id* devic
   std::vector<std::pair<cl_device_id, uint64_t>> targets;
   {
     std::lock_guard lock(p->mu);
-    if (p->kernels > 0) return CL_INVALID_OPERATION;
-    for (auto& pd : p->per_device)
-      if (pd.status == CL_BUILD_IN_PROGRESS) return CL_INVALID_OPERATION;
     if (cl_int e = Targets(p, num_devices, device_list, &targets); e != CL_SUCCESS) return e;
-    for (auto& t : targets) p->For(t.first)->status = CL_BUILD_IN_PROGRESS;
+    if (cl_int e = BeginBuildLocked(p, targets); e != CL_SUCCESS) return e;
   }
   cl_int result = CL_SUCCESS;
   std::string opts = options ? options : "";
@@ -151,10 +167,7 @@ cl_int BuildProgram(cl_program p, cl_uint num_devices, const cl_device_id* devic
     auto r = CallOn(device->session(), ir::ModuleBuildReq{module, opts});
     std::lock_guard lock(p->mu);
     auto* pd = p->For(device);
-    pd->options = opts;
-    pd->binary.reset();
-    pd->functions.clear();
-    pd->binary_type = CL_PROGRAM_BINARY_TYPE_NONE;
+    ClearBuild(pd, opts);
     if (r.ok() && r->status == CL_SUCCESS) {
       pd->status = CL_BUILD_SUCCESS;
       pd->binary_type = CL_PROGRAM_BINARY_TYPE_EXECUTABLE;
@@ -222,10 +235,7 @@ cl_int CompileProgram(cl_program p, cl_uint num_devices, const cl_device_id* dev
   }
   {
     std::lock_guard lock(p->mu);
-    if (p->kernels > 0) return CL_INVALID_OPERATION;
-    for (auto& pd : p->per_device)
-      if (pd.status == CL_BUILD_IN_PROGRESS) return CL_INVALID_OPERATION;
-    for (auto& t : targets) p->For(t.first)->status = CL_BUILD_IN_PROGRESS;
+    if (cl_int e = BeginBuildLocked(p, targets); e != CL_SUCCESS) return e;
   }
   ir::bytes names;
   for (cl_uint i = 0; i < num_headers; ++i) {
@@ -240,10 +250,7 @@ cl_int CompileProgram(cl_program p, cl_uint num_devices, const cl_device_id* dev
                     ir::ModuleCompileReq{.module = module, .options = opts, .headers = header_modules[t], .header_names = names});
     std::lock_guard lock(p->mu);
     auto* pd = p->For(device);
-    pd->options = opts;
-    pd->binary.reset();
-    pd->functions.clear();
-    pd->binary_type = CL_PROGRAM_BINARY_TYPE_NONE;
+    ClearBuild(pd, opts);
     if (r.ok() && r->status == CL_SUCCESS) {
       pd->status = CL_BUILD_SUCCESS;
       pd->binary_type = CL_PROGRAM_BINARY_TYPE_COMPILED_OBJECT;

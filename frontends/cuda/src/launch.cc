@@ -84,6 +84,16 @@ cudaError_t Launch(const void* func, dim3 grid, dim3 block, void** args, size_t 
   return cudaSuccess;
 }
 
+// Calls `apply` with each device where kernel `k` is loaded and its function there (a setting
+// of a kernel is also remembered on it, for devices that load it later). Needs mu.
+template <class Apply>
+void ForEachLoaded(const Kernel* k, Apply apply) {
+  for (DeviceContext* dev : Frontend::Get().known()) {
+    auto it = dev->functions.find(k);
+    if (it != dev->functions.end()) apply(*dev, it->second);
+  }
+}
+
 // The function of a cudaFuncGetAttributes-style call on the current device.
 cudaError_t CurrentFunction(const void* func, DeviceContext** d, const Function** fn, const Kernel** kernel) {
   Frontend& f = Frontend::Get();
@@ -179,12 +189,10 @@ TANDEM_API cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute 
     return Return(cudaErrorInvalidValue);
   const auto cu_attr = static_cast<uint32_t>(attr);  // cudaFuncAttribute values are CUfunction_attribute's
   const_cast<Kernel*>(k)->attrs[cu_attr] = value;
-  for (DeviceContext* dev : f.known()) {
-    auto it = dev->functions.find(k);
-    if (it == dev->functions.end()) continue;
-    dev->session().Post(ir::FunctionSetAttrReq{.function = it->second.handle, .attr = cu_attr, .value = value});
-    SetFunctionAttr(it->second, cu_attr, value);
-  }
+  ForEachLoaded(k, [&](DeviceContext& dev, Function& fun) {
+    dev.session().Post(ir::FunctionSetAttrReq{.function = fun.handle, .attr = cu_attr, .value = value});
+    SetFunctionAttr(fun, cu_attr, value);
+  });
   return cudaSuccess;
 }
 
@@ -199,11 +207,9 @@ TANDEM_API cudaError_t cudaFuncSetCacheConfig(const void* func, cudaFuncCache co
   if (config < cudaFuncCachePreferNone || config > cudaFuncCachePreferEqual) return Return(cudaErrorInvalidValue);
   const auto value = static_cast<uint32_t>(config);  // cudaFuncCache values are CUfunc_cache's
   const_cast<Kernel*>(k)->cache_config = value;
-  for (DeviceContext* dev : f.known()) {
-    auto it = dev->functions.find(k);
-    if (it != dev->functions.end())
-      dev->session().Post(ir::FunctionSetCacheConfigReq{.function = it->second.handle, .config = value});
-  }
+  ForEachLoaded(k, [&](DeviceContext& dev, Function& fun) {
+    dev.session().Post(ir::FunctionSetCacheConfigReq{.function = fun.handle, .config = value});
+  });
   return cudaSuccess;
 }
 
