@@ -253,11 +253,16 @@ TANDEM_API cudaError_t cudaDeviceSynchronize() {
   DeviceContext* d = nullptr;
   {
     std::lock_guard<std::mutex> lock(f.mu);
-    // It would wait for the capturing streams, which capture instead of running.
+    // CUDA prohibits it during a capture in global mode, and during one of this thread's in
+    // thread-local mode, invalidating those captures.
     if (f.capturing.load() > 0) {
       cudaError_t refused = cudaSuccess;
-      for (auto& [stream, c] : f.captures) refused = Refuse(c, "cudaDeviceSynchronize");
-      return Return(refused);
+      for (auto& [stream, c] : f.captures) {
+        if (c.mode == cudaStreamCaptureModeGlobal ||
+            (c.mode == cudaStreamCaptureModeThreadLocal && c.thread == std::this_thread::get_id()))
+          refused = Invalidate(c);
+      }
+      if (refused != cudaSuccess) return Return(refused);
     }
     TANDEM_RETURN_CUDA_IF_ERROR(Return(f.Current(&d)));
     if (d->sticky != cudaSuccess) return Return(d->sticky);
@@ -282,6 +287,7 @@ TANDEM_API cudaError_t cudaDeviceReset() {
   });
   if (rep.ok()) ReleaseFreedAsync(d->index, std::nullopt, f.freed_async_count);
   ResetPools(*d);
+  DropCaptures(d->index);
   d->allocations.clear();
   d->small.clear();
   d->allocated = 0;

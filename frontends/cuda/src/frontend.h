@@ -181,6 +181,12 @@ struct Graph {
 };
 struct GraphExec {
   std::shared_ptr<const std::vector<GraphNode>> nodes;
+  // Each launch is ordered behind the one before, whatever its stream: the stream of the
+  // last launch, and an event recorded after it on that stream's device.
+  cudaStream_t last_stream = nullptr;
+  bool launched = false;
+  cudaEvent_t done = nullptr;
+  int done_device = -1;
 };
 // One stream's capture, from cudaStreamBeginCapture to cudaStreamEndCapture.
 struct Capture {
@@ -369,6 +375,11 @@ Capture* CaptureOf(cudaStream_t stream);
 // and answers cudaErrorStreamCaptureUnsupported, as CUDA does. Need mu.
 cudaError_t Record(Capture& c, std::string kind, GraphOp op);
 cudaError_t Refuse(Capture& c, const std::string& what);
+// The same refusal for what CUDA refuses too (nothing logged). Needs mu.
+cudaError_t Invalidate(Capture& c);
+// Ends the captures of streams on device `device` (all of them for -1) with their graphs, as
+// when those streams are destroyed or the device is reset. Needs mu.
+void DropCaptures(int device);
 // For a call on `stream`: nothing while it is not capturing; otherwise Record(op), or Refuse
 // when `op` is empty (`kind` then says what the call was). Takes mu.
 std::optional<cudaError_t> Captured(cudaStream_t stream, std::string kind, GraphOp op);

@@ -28,8 +28,26 @@ cudaError_t Record(Capture& c, std::string kind, GraphOp op) {
 
 cudaError_t Refuse(Capture& c, const std::string& what) {
   log::Once(what + " during stream capture");
+  return Invalidate(c);
+}
+
+cudaError_t Invalidate(Capture& c) {
   c.invalidated = true;
   return cudaErrorStreamCaptureUnsupported;
+}
+
+void DropCaptures(int device) {
+  Frontend& f = Frontend::Get();
+  for (auto it = f.captures.begin(); it != f.captures.end();) {
+    auto s = f.streams.find(it->first);
+    if (device >= 0 && s != f.streams.end() && s->second->device != device) {
+      ++it;
+      continue;
+    }
+    f.graphs.erase(it->second.graph);
+    it = f.captures.erase(it);
+    f.capturing.fetch_sub(1, std::memory_order_acq_rel);
+  }
 }
 
 std::optional<cudaError_t> Captured(cudaStream_t stream, std::string kind, GraphOp op) {
@@ -183,7 +201,8 @@ TANDEM_API cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t* exec, cuda
 }
 
 // The instantiation takes the graph's nodes when both have the same shape: as many nodes, of
-// the same kinds (kernels of the same function) in the same order.
+// the same kinds in the same order (a kernel may change its function, not whether it is
+// cooperative, as in CUDA).
 TANDEM_API cudaError_t cudaGraphExecUpdate(cudaGraphExec_t exec, cudaGraph_t graph, cudaGraphExecUpdateResultInfo* info) {
   Frontend& f = Frontend::Get();
   std::lock_guard<std::mutex> lock(f.mu);
@@ -199,7 +218,7 @@ TANDEM_API cudaError_t cudaGraphExecUpdate(cudaGraphExec_t exec, cudaGraph_t gra
       const std::string& was = (*e->nodes)[i].kind;
       const std::string& now = g->nodes[i]->kind;
       if (was == now) continue;
-      const bool kernels = was.starts_with("kernel ") && now.starts_with("kernel ");
+      const bool kernels = was.starts_with("kernel") && now.starts_with("kernel");
       result = kernels ? cudaGraphExecUpdateErrorUnsupportedFunctionChange : cudaGraphExecUpdateErrorNodeTypeChanged;
       error_node = reinterpret_cast<cudaGraphNode_t>(g->nodes[i].get());
       break;
@@ -211,22 +230,60 @@ TANDEM_API cudaError_t cudaGraphExecUpdate(cudaGraphExec_t exec, cudaGraph_t gra
   return cudaSuccess;
 }
 
+// Ordered behind the exec's previous launch, as CUDA orders them: on the same stream that is
+// given; on another stream of the same device the stream waits for the event recorded after
+// it; on another device's stream this thread waits for that event.
 TANDEM_API cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
   Frontend& f = Frontend::Get();
   std::shared_ptr<const std::vector<GraphNode>> nodes;
+  int device = 0;
+  cudaEvent_t done = nullptr;
+  int done_device = -1;
+  bool wait_stream = false, wait_event = false;
   {
     std::lock_guard<std::mutex> lock(f.mu);
     GraphExec* e = FindExec(exec);
     if (!e) return Return(cudaErrorInvalidValue);
-    nodes = e->nodes;
+    DeviceContext* d = nullptr;
+    StreamRef s;
+    TANDEM_RETURN_CUDA_IF_ERROR(Return(StreamTarget(stream, &d, &s)));
     // Into a capturing stream: refused natively (driver 580, the CUDA suite's graphs), which
     // invalidates the capture as any refusal does.
-    if (Capture* c = CaptureOf(stream)) {
-      c->invalidated = true;
-      return Return(cudaErrorStreamCaptureUnsupported);
-    }
+    if (Capture* c = CaptureOf(stream)) return Return(Invalidate(*c));
+    nodes = e->nodes;
+    device = d->index;
+    done = e->done;
+    done_device = e->done_device;
+    const bool elsewhere = e->launched && e->last_stream != stream;
+    wait_event = elsewhere && done_device == device;
+    wait_stream = elsewhere && !wait_event;
   }
-  return Return(RunNodes(*nodes, stream));
+  if (wait_event) TANDEM_RETURN_CUDA_IF_ERROR(cudaStreamWaitEvent(stream, done, 0));
+  if (wait_stream) TANDEM_RETURN_CUDA_IF_ERROR(cudaEventSynchronize(done));
+  TANDEM_RETURN_CUDA_IF_ERROR(Return(RunNodes(*nodes, stream)));
+  // The event after this launch, on its stream's device (made there, the current device kept).
+  if (!done || done_device != device) {
+    int current = 0;
+    TANDEM_RETURN_CUDA_IF_ERROR(cudaGetDevice(&current));
+    TANDEM_RETURN_CUDA_IF_ERROR(cudaSetDevice(device));
+    cudaEvent_t made = nullptr;
+    const cudaError_t made_ok = cudaEventCreateWithFlags(&made, cudaEventDisableTiming);
+    TANDEM_RETURN_CUDA_IF_ERROR(cudaSetDevice(current));
+    TANDEM_RETURN_CUDA_IF_ERROR(made_ok);
+    if (done) cudaEventDestroy(done);
+    done = made;
+  }
+  TANDEM_RETURN_CUDA_IF_ERROR(cudaEventRecord(done, stream));
+  std::lock_guard<std::mutex> lock(f.mu);
+  if (GraphExec* e = FindExec(exec)) {
+    e->done = done;
+    e->done_device = device;
+    e->last_stream = stream;
+    e->launched = true;
+  } else {
+    cudaEventDestroy(done);  // destroyed meanwhile by another thread: nothing to order behind
+  }
+  return cudaSuccess;
 }
 
 // Nothing to upload ahead: the nodes' commands are made at launch.
@@ -240,8 +297,16 @@ TANDEM_API cudaError_t cudaGraphUpload(cudaGraphExec_t exec, cudaStream_t stream
 
 TANDEM_API cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
   Frontend& f = Frontend::Get();
-  std::lock_guard<std::mutex> lock(f.mu);
-  return f.graph_execs.erase(exec) ? cudaSuccess : Return(cudaErrorInvalidValue);
+  cudaEvent_t done = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(f.mu);
+    auto it = f.graph_execs.find(exec);
+    if (it == f.graph_execs.end()) return Return(cudaErrorInvalidValue);
+    done = it->second->done;
+    f.graph_execs.erase(it);
+  }
+  if (done) cudaEventDestroy(done);
+  return cudaSuccess;
 }
 
 // A graph still being captured is not the program's to destroy.

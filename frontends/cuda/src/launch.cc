@@ -66,7 +66,7 @@ cudaError_t Launch(const void* func, dim3 grid, dim3 block, void** args, size_t 
       const auto* p = static_cast<const uint8_t*>(args[i]);
       values.emplace_back(p, p + params[i].size);
     }
-    return Record(*c, "kernel " + std::to_string(reinterpret_cast<uintptr_t>(func)),
+    return Record(*c, flags & ir::kLaunchCooperative ? "kernel, cooperative" : "kernel",
                   [func, grid, block, values = std::move(values), shared, flags](cudaStream_t at) {
                     std::vector<void*> ptrs;
                     for (const auto& v : values) ptrs.push_back(const_cast<uint8_t*>(v.data()));

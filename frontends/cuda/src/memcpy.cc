@@ -364,11 +364,11 @@ TANDEM_API cudaError_t cudaMemset2D(void* ptr, size_t pitch, int value, size_t w
 // One fill per row, posted together (asynchronous like every fill).
 TANDEM_API cudaError_t cudaMemset2DAsync(void* ptr, size_t pitch, int value, size_t width, size_t height,
                                          cudaStream_t stream) {
+  if (width > pitch) return Return(cudaErrorInvalidValue);
   if (auto c = Captured(stream, "memset", [=](cudaStream_t s) {
         return cudaMemset2DAsync(ptr, pitch, value, width, height, s);
       }))
     return Return(*c);
-  if (width > pitch) return Return(cudaErrorInvalidValue);
   for (size_t row = 0; row < height; ++row)
     TANDEM_RETURN_CUDA_IF_ERROR(Return(Fill(static_cast<uint8_t*>(ptr) + row * pitch, value, width, stream)));
   return cudaSuccess;
@@ -422,27 +422,24 @@ TANDEM_API cudaError_t cudaMemcpyFromSymbol(void* dst, const void* symbol, size_
 
 TANDEM_API cudaError_t cudaMemcpyToSymbolAsync(const void* symbol, const void* src, size_t count, size_t offset,
                                                cudaMemcpyKind kind, cudaStream_t stream) {
-  if (auto c = Captured(stream, "memcpy", [=](cudaStream_t s) {
-        return cudaMemcpyToSymbolAsync(symbol, src, count, offset, kind, s);
-      }))
-    return Return(*c);
   if (kind != cudaMemcpyHostToDevice && kind != cudaMemcpyDeviceToDevice && kind != cudaMemcpyDefault)
     return Return(cudaErrorInvalidMemcpyDirection);
   void* dst = nullptr;
   TANDEM_RETURN_CUDA_IF_ERROR(Return(SymbolAddress(symbol, count, offset, &dst)));
+  // Captured with the symbol's address on the device current now.
+  if (auto c = Captured(stream, "memcpy", [=](cudaStream_t s) { return cudaMemcpyAsync(dst, src, count, kind, s); }))
+    return Return(*c);
   return Return(Copy(dst, src, count, kind, stream, true));
 }
 
 TANDEM_API cudaError_t cudaMemcpyFromSymbolAsync(void* dst, const void* symbol, size_t count, size_t offset,
                                                  cudaMemcpyKind kind, cudaStream_t stream) {
-  if (auto c = Captured(stream, "memcpy", [=](cudaStream_t s) {
-        return cudaMemcpyFromSymbolAsync(dst, symbol, count, offset, kind, s);
-      }))
-    return Return(*c);
   if (kind != cudaMemcpyDeviceToHost && kind != cudaMemcpyDeviceToDevice && kind != cudaMemcpyDefault)
     return Return(cudaErrorInvalidMemcpyDirection);
   void* src = nullptr;
   TANDEM_RETURN_CUDA_IF_ERROR(Return(SymbolAddress(symbol, count, offset, &src)));
+  if (auto c = Captured(stream, "memcpy", [=](cudaStream_t s) { return cudaMemcpyAsync(dst, src, count, kind, s); }))
+    return Return(*c);
   return Return(Copy(dst, src, count, kind, stream, true));
 }
 

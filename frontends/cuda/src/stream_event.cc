@@ -270,7 +270,7 @@ TANDEM_API cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   StreamRef s;
   {
     std::lock_guard<std::mutex> lock(f.mu);
-    if (Capture* c = CaptureOf(stream)) return Return(Refuse(*c, "cudaStreamSynchronize of the capturing stream"));
+    if (Capture* c = CaptureOf(stream)) return Return(Invalidate(*c));  // as CUDA: it would wait for nothing
     TANDEM_RETURN_CUDA_IF_ERROR(Return(StreamTarget(stream, &d, &s)));
     if (d->sticky != cudaSuccess) return Return(d->sticky);
   }
@@ -298,7 +298,7 @@ TANDEM_API cudaError_t cudaStreamQuery(cudaStream_t stream) {
   uint64_t copies_before = 0;
   {
     std::lock_guard<std::mutex> lock(f.mu);
-    if (Capture* c = CaptureOf(stream)) return Return(Refuse(*c, "cudaStreamQuery of the capturing stream"));
+    if (Capture* c = CaptureOf(stream)) return Return(Invalidate(*c));
     TANDEM_RETURN_CUDA_IF_ERROR(Return(StreamTarget(stream, &d, &s)));
     if (d->sticky != cudaSuccess) return Return(d->sticky);
     copies_before = f.LastPendingTicket();
@@ -329,6 +329,7 @@ TANDEM_API cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t even
   // already, so it adds nothing. An event of a capture waited on by another stream would make
   // that stream join the capture: refused.
   if (Capture* c = CaptureOf(stream)) {
+    if (!ev.recorded && !ev.capture) return cudaSuccess;  // never recorded: nothing to wait for, as outside
     if (ev.capture != c->id) return Return(Refuse(*c, "cudaStreamWaitEvent on an event recorded outside the capture"));
     return Return(c->invalidated ? cudaErrorStreamCaptureInvalidated : cudaSuccess);
   }
@@ -386,8 +387,10 @@ TANDEM_API cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, 
 TANDEM_API cudaError_t cudaStreamAddCallback(cudaStream_t stream, cudaStreamCallback_t callback, void* data,
                                              unsigned int flags) {
   if (!callback || flags != 0) return Return(cudaErrorInvalidValue);
-  if (auto c = Captured(stream, "host", [callback, data](cudaStream_t s) { return cudaStreamAddCallback(s, callback, data, 0); }))
-    return Return(*c);
+  if (Frontend::Get().capturing.load() > 0) {  // CUDA captures no stream callback (cudaLaunchHostFunc instead)
+    std::lock_guard<std::mutex> lock(Frontend::Get().mu);
+    if (Capture* c = CaptureOf(stream)) return Return(Invalidate(*c));
+  }
   return Return(AddCallback(stream, [callback, stream, data](cudaError_t st) { callback(stream, st, data); }));
 }
 
@@ -468,6 +471,14 @@ static cudaError_t FindEvent(cudaEvent_t event, uint64_t* handle, DeviceContext*
   std::lock_guard<std::mutex> lock(f.mu);
   auto it = f.events.find(event);
   if (it == f.events.end()) return cudaErrorInvalidResourceHandle;
+  // Recorded in a capture still under way: no record to look at (CUDA prohibits the call in a
+  // capture that is not relaxed, invalidating it).
+  if (it->second->capture) {
+    for (auto& [stream, c] : f.captures) {
+      if (c.id != it->second->capture) continue;
+      return c.mode == cudaStreamCaptureModeRelaxed ? cudaErrorStreamCaptureUnsupported : Invalidate(c);
+    }
+  }
   TANDEM_RETURN_CUDA_IF_ERROR(f.Device(it->second->device, d));
   *handle = it->second->handle;
   *recorded = it->second->recorded;

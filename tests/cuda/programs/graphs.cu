@@ -1,8 +1,9 @@
 // Stream capture and graphs: a captured sequence (kernels with arguments by value, a fill, copies
 // device to device, host to device and device to host, a host function, an event record and a
 // wait on it) launched several times and into another stream, host memory read when the graph
-// runs, cudaGraphExecUpdate with a graph of the same shape and refused for another shape,
-// capture status and info, and what a capture refuses (a graph launch, a synchronize of the
+// runs, nothing running while capturing, cudaGraphExecUpdate with a graph of the same shape
+// (other values, another kernel) and refused for another shape, launches of one instantiation
+// on two streams, capture status and info, and what a capture refuses (a graph launch, a synchronize of the
 // capturing stream, the legacy stream, a capture begun twice or ended without one). Printed as facts, so native and Tandem print the same. (What Tandem refuses
 // and CUDA captures, a second stream joining or stream-ordered allocation, is not here.)
 #include <cstdio>
@@ -13,6 +14,11 @@
 __global__ void axpb(int* v, int n, int a, int b) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) v[i] = a * v[i] + b;
+}
+
+__global__ void axpb_plus_one(int* v, int n, int a, int b) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) v[i] = a * v[i] + b + 1;
 }
 
 __global__ void add(int* dst, const int* src, int n) {
@@ -40,6 +46,8 @@ int main() {
   // v = in (host, read when the graph runs); v = 3v + b, with b as it was at capture; w = 0;
   // w += v; out = w; a host call.
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  CHECK(cudaMemset(v, 0, n * sizeof(int)));
+  CHECK(cudaDeviceSynchronize());
   CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
   CHECK(cudaStreamIsCapturing(s, &status));
   printf("capturing: %d\n", status == cudaStreamCaptureStatusActive);
@@ -64,6 +72,10 @@ int main() {
   CHECK(cudaStreamEndCapture(s, &graph));
   CHECK(cudaStreamIsCapturing(s, &status));
   printf("capturing after the end: %d\n", status != cudaStreamCaptureStatusNone);
+  CHECK(cudaMemcpy(out, v, n * sizeof(int), cudaMemcpyDeviceToHost));
+  int untouched = 1;
+  for (int i = 0; i < n; ++i) untouched &= out[i] == 0;
+  printf("nothing ran while capturing: %d\n", untouched);
   size_t nodes = 0;
   CHECK(cudaGraphGetNodes(graph, nullptr, &nodes));
   printf("nodes: %zu\n", nodes);  // an event recorded and waited on within the capture is no node
@@ -111,6 +123,26 @@ int main() {
          info.result != cudaGraphExecUpdateSuccess);
   cudaGetLastError();
 
+  // Same shape with another kernel in the first kernel's place: allowed, as natively.
+  CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  CHECK(cudaMemcpyAsync(v, in, n * sizeof(int), cudaMemcpyHostToDevice, s));
+  axpb_plus_one<<<n / 256, 256, 0, s>>>(v, n, 2, 7);
+  CHECK(cudaMemsetAsync(w, 0, n * sizeof(int), s));
+  add<<<n / 256, 256, 0, s>>>(w, v, n);
+  CHECK(cudaMemcpyAsync(out, w, n * sizeof(int), cudaMemcpyDeviceToHost, s));
+  CHECK(cudaLaunchHostFunc(s, count_call, nullptr));
+  cudaGraph_t other_kernel = nullptr;
+  CHECK(cudaStreamEndCapture(s, &other_kernel));
+  printf("update, another kernel: %s\n", cudaGetErrorName(cudaGraphExecUpdate(exec, other_kernel, &info)));
+  cudaGetLastError();
+  for (int i = 0; i < n; ++i) in[i] = i;
+  CHECK(cudaGraphLaunch(exec, other));
+  CHECK(cudaGraphLaunch(exec, s));  // ordered behind the launch on the other stream
+  CHECK(cudaStreamSynchronize(s));
+  good = 1;
+  for (int i = 0; i < n; ++i) good &= out[i] == 2 * i + 8;
+  printf("after that update, launched on two streams: right %d, host calls %d\n", good, host_calls);
+
   // A graph launched into a capturing stream: refused natively.
   CHECK(cudaStreamBeginCapture(other, cudaStreamCaptureModeGlobal));
   printf("graph launched into a capture: %s\n", cudaGetErrorName(cudaGraphLaunch(exec, other)));
@@ -134,13 +166,15 @@ int main() {
   cudaGetLastError();
   CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
   printf("a capture begun twice: %s\n", cudaGetErrorName(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal)));
-  CHECK(cudaStreamEndCapture(s, &none));
-  CHECK(cudaGraphDestroy(none));
+  printf("its end: %s\n", cudaGetErrorName(cudaStreamEndCapture(s, &none)));
+  if (none) CHECK(cudaGraphDestroy(none));
+  cudaGetLastError();
   printf("end without a capture: %s\n", cudaGetErrorName(cudaStreamEndCapture(s, &none)));
   cudaGetLastError();
 
   CHECK(cudaGraphExecDestroy(exec));
   CHECK(cudaGraphDestroy(other_shape));
+  CHECK(cudaGraphDestroy(other_kernel));
   CHECK(cudaGraphDestroy(same_shape));
   CHECK(cudaGraphDestroy(graph));
   CHECK(cudaEventDestroy(ev));
