@@ -1,11 +1,12 @@
 // Stream capture and graphs, on the client. A capture records each call made on its stream
-// (launches, copies, fills, host functions) as a node that makes the call again; nothing is sent. An event recorded and waited on within the capture adds no node, as
-// in CUDA. Launching a graph makes its
-// nodes' calls, in order, on the launch stream, as ordinary asynchronous commands: a kernel's
-// arguments are the values captured, a copy reads and writes host memory when it runs, as in
-// CUDA. One stream per capture: a second stream joining it (an event recorded in the capture
-// waited on elsewhere) and stream-ordered allocation in a capture are refused, invalidating the
-// capture, as CUDA refuses what it cannot capture. Graphs are built by capture only (no
+// (launches, copies, fills, host functions) as a node that makes the call again; nothing is
+// sent. An event recorded and waited on within the capture adds no node, as in CUDA. Launching
+// a graph makes its nodes' calls, in order, on the launch stream, as ordinary asynchronous
+// commands: a kernel's arguments are the values captured, and a copy reads or writes host
+// memory as that call would when made (small and staged copies read it at the launch). One
+// stream per capture: a second stream joining it (an event recorded in the capture waited on
+// elsewhere) and stream-ordered allocation in a capture are refused, invalidating the capture,
+// as CUDA refuses what it cannot capture. Graphs are built by capture only (no
 // cudaGraphAdd*Node); node handles serve cudaStreamGetCaptureInfo and cudaGraphGetNodes.
 #include <algorithm>
 
