@@ -11,6 +11,7 @@
 #include <cuda_runtime_api.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -164,6 +165,14 @@ struct MemPool {
   uint64_t release_threshold = 0;
   int reuse[3] = {1, 1, 1};  // cudaMemPoolReuseFollowEventDependencies .. AllowInternalDependencies
   uint64_t used = 0, used_high = 0, reserved = 0, reserved_high = 0;
+  void Use(uint64_t bytes) {
+    used += bytes;
+    used_high = std::max(used_high, used);
+  }
+  void Reserve(uint64_t bytes) {
+    reserved += bytes;
+    reserved_high = std::max(reserved_high, reserved);
+  }
 };
 
 // Stream capture and graphs (graphs.cc). A graph is the list of calls captured on one stream,
@@ -238,7 +247,7 @@ class Frontend {
   uint64_t freed_async_count = 0;
 
   // Memory pools (pools.cc): the pools, by handle (a destroyed one stays while allocations
-  // are still counted on it: DropIfDone); each device's default pool, and its current pool
+  // are still counted on it: Unpool); each device's default pool, and its current pool
   // where cudaDeviceSetMemPool chose one other than the default; the pool and footprint of each stream-ordered
   // allocation, by address, until its memory is given back (FreeNow) or its device reset.
   std::map<const void*, std::unique_ptr<MemPool>> pools;
@@ -365,8 +374,9 @@ MemPool* DefaultPool(int device);
 MemPool* CurrentPool(int device);
 MemPool* FindPool(const void* handle);
 void ResetPools(DeviceContext& d);
-// Forgets a destroyed pool once nothing is counted on it any more.
-void DropIfDone(MemPool* pool);
+// The pool lets go of a stream-ordered allocation (its memory given back, or its device reset)
+// and is forgotten if it was destroyed and counts nothing more. Returns the next entry.
+std::map<uint64_t, Frontend::Pooled>::iterator Unpool(std::map<uint64_t, Frontend::Pooled>::iterator it);
 
 // Stream capture (graphs.cc). The capture of `stream`, if it is capturing. Needs mu.
 Capture* CaptureOf(cudaStream_t stream);
@@ -377,11 +387,14 @@ cudaError_t Record(Capture& c, std::string kind, GraphOp op);
 cudaError_t Refuse(Capture& c, const std::string& what);
 // The same refusal for what CUDA refuses too (nothing logged). Needs mu.
 cudaError_t Invalidate(Capture& c);
-// Ends the captures of streams on device `device` (all of them for -1) with their graphs, as
-// when those streams are destroyed or the device is reset. Needs mu.
+// Ends a capture with its graph (its stream destroyed), or every capture of the streams on
+// device `device` (the device reset). Need mu.
+void DropCapture(cudaStream_t stream);
 void DropCaptures(int device);
-// For a call on `stream`: nothing while it is not capturing; otherwise Record(op), or Refuse
-// when `op` is empty (`kind` then says what the call was). Takes mu.
+// The capture under way with that id (Event::capture), or nullptr. Needs mu.
+Capture* CaptureById(unsigned long long id);
+// For a call on `stream`: nothing while it is not capturing; otherwise Record(op), or, for a
+// call CUDA does not capture (`op` empty), Invalidate. Takes mu.
 std::optional<cudaError_t> Captured(cudaStream_t stream, std::string kind, GraphOp op);
 
 // Waits for everything queued on the device (its streams, pending copies and callbacks) and

@@ -37,18 +37,36 @@ cudaError_t Invalidate(Capture& c) {
   return cudaErrorStreamCaptureUnsupported;
 }
 
+namespace {
+
+// Ends a capture; its graph goes too unless `keep_graph`. The next capture.
+std::map<const void*, Capture>::iterator EndCapture(std::map<const void*, Capture>::iterator it, bool keep_graph) {
+  Frontend& f = Frontend::Get();
+  if (!keep_graph) f.graphs.erase(it->second.graph);
+  f.capturing.fetch_sub(1, std::memory_order_acq_rel);
+  return f.captures.erase(it);
+}
+
+}  // namespace
+
+void DropCapture(cudaStream_t stream) {
+  Frontend& f = Frontend::Get();
+  if (auto it = f.captures.find(stream); it != f.captures.end()) EndCapture(it, false);
+}
+
 void DropCaptures(int device) {
   Frontend& f = Frontend::Get();
   for (auto it = f.captures.begin(); it != f.captures.end();) {
     auto s = f.streams.find(it->first);
-    if (device >= 0 && s != f.streams.end() && s->second->device != device) {
-      ++it;
-      continue;
-    }
-    f.graphs.erase(it->second.graph);
-    it = f.captures.erase(it);
-    f.capturing.fetch_sub(1, std::memory_order_acq_rel);
+    const bool other_device = s != f.streams.end() && s->second->device != device;
+    it = other_device ? std::next(it) : EndCapture(it, false);
   }
+}
+
+Capture* CaptureById(unsigned long long id) {
+  for (auto& [stream, c] : Frontend::Get().captures)
+    if (c.id == id) return &c;
+  return nullptr;
 }
 
 std::optional<cudaError_t> Captured(cudaStream_t stream, std::string kind, GraphOp op) {
@@ -57,7 +75,7 @@ std::optional<cudaError_t> Captured(cudaStream_t stream, std::string kind, Graph
   std::lock_guard<std::mutex> lock(f.mu);
   Capture* c = CaptureOf(stream);
   if (!c) return std::nullopt;
-  return op ? Record(*c, std::move(kind), std::move(op)) : Refuse(*c, kind);
+  return op ? Record(*c, std::move(kind), std::move(op)) : Invalidate(*c);
 }
 
 namespace {
@@ -128,15 +146,9 @@ TANDEM_API cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* gr
     return Return(cudaErrorStreamCaptureWrongThread);
   const bool invalidated = c.invalidated;
   Graph* g = c.graph;
-  f.captures.erase(it);
-  f.capturing.fetch_sub(1, std::memory_order_acq_rel);
-  if (invalidated) {
-    f.graphs.erase(g);
-    *graph = nullptr;
-    return Return(cudaErrorStreamCaptureInvalidated);
-  }
-  *graph = reinterpret_cast<cudaGraph_t>(g);
-  return cudaSuccess;
+  EndCapture(it, !invalidated);
+  *graph = invalidated ? nullptr : reinterpret_cast<cudaGraph_t>(g);
+  return invalidated ? Return(cudaErrorStreamCaptureInvalidated) : cudaSuccess;
 }
 
 TANDEM_API cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {

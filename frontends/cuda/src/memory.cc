@@ -61,13 +61,7 @@ DeviceContext* OwnerOf(uint64_t address) {
 // unmapped on the server. The caller knows no work still uses it. Needs mu.
 cudaError_t FreeNow(DeviceContext& d, uint64_t a) {
   Frontend& f = Frontend::Get();
-  if (auto p = f.pooled.find(a); p != f.pooled.end()) {  // a stream-ordered allocation: its pool lets go of it
-    MemPool* pool = p->second.pool;
-    if (!p->second.freed) pool->used -= p->second.footprint;
-    pool->reserved -= p->second.footprint;
-    f.pooled.erase(p);
-    DropIfDone(pool);
-  }
+  if (auto p = f.pooled.find(a); p != f.pooled.end()) Unpool(p);  // a stream-ordered allocation
   if (auto s = d.small.find(a); s != d.small.end()) {
     d.allocations.at(s->second.first).carve->Free(a, s->second.second);
     d.small.erase(s);
@@ -171,12 +165,10 @@ cudaError_t StreamOrderedAlloc(std::unique_lock<std::mutex>& lock, MemPool& pool
     if (p == f.pooled.end() ? !pool.is_default : p->second.pool != &pool) continue;
     if (p == f.pooled.end()) {  // cudaMalloc's memory freed in stream order: the default pool's now
       p = f.pooled.emplace(it->address, Frontend::Pooled{.pool = &pool, .footprint = footprint, .freed = true}).first;
-      pool.reserved += footprint;
-      pool.reserved_high = std::max(pool.reserved_high, pool.reserved);
+      pool.Reserve(footprint);
     }
     p->second.freed = false;
-    pool.used += footprint;
-    pool.used_high = std::max(pool.used_high, pool.used);
+    pool.Use(footprint);
     *ptr = reinterpret_cast<void*>(it->address);
     f.freed_async.erase(std::next(it).base());
     return cudaSuccess;
@@ -187,10 +179,8 @@ cudaError_t StreamOrderedAlloc(std::unique_lock<std::mutex>& lock, MemPool& pool
   uint64_t address = 0;
   TANDEM_RETURN_CUDA_IF_ERROR(AllocateOrSync(lock, *d, size, &address));
   f.pooled[address] = Frontend::Pooled{.pool = &pool, .footprint = footprint, .freed = false};
-  pool.used += footprint;
-  pool.reserved += footprint;
-  pool.used_high = std::max(pool.used_high, pool.used);
-  pool.reserved_high = std::max(pool.reserved_high, pool.reserved);
+  pool.Use(footprint);
+  pool.Reserve(footprint);
   *ptr = reinterpret_cast<void*>(address);
   return cudaSuccess;
 }

@@ -21,8 +21,14 @@ MemPool* DefaultPool(int device) {
   return p;
 }
 
-void DropIfDone(MemPool* pool) {
-  if (pool->destroyed && pool->reserved == 0) Frontend::Get().pools.erase(pool);
+std::map<uint64_t, Frontend::Pooled>::iterator Unpool(std::map<uint64_t, Frontend::Pooled>::iterator it) {
+  Frontend& f = Frontend::Get();
+  MemPool* pool = it->second.pool;
+  if (!it->second.freed) pool->used -= it->second.footprint;
+  pool->reserved -= it->second.footprint;
+  it = f.pooled.erase(it);
+  if (pool->destroyed && pool->reserved == 0) f.pools.erase(pool);
+  return it;
 }
 
 MemPool* CurrentPool(int device) {
@@ -39,13 +45,8 @@ MemPool* FindPool(const void* handle) {
 
 void ResetPools(DeviceContext& d) {
   Frontend& f = Frontend::Get();
-  for (auto it = f.pooled.lower_bound(d.va_base); it != f.pooled.end() && it->first - d.va_base < d.va_size;) {
-    MemPool* pool = it->second.pool;
-    if (!it->second.freed) pool->used -= it->second.footprint;
-    pool->reserved -= it->second.footprint;
-    it = f.pooled.erase(it);
-    DropIfDone(pool);
-  }
+  for (auto it = f.pooled.lower_bound(d.va_base); it != f.pooled.end() && it->first - d.va_base < d.va_size;)
+    it = Unpool(it);
   f.current_pool.erase(d.index);
 }
 
@@ -183,7 +184,7 @@ TANDEM_API cudaError_t cudaMemPoolDestroy(cudaMemPool_t pool) {
   if (!p || p->is_default) return Return(cudaErrorInvalidValue);
   p->destroyed = true;
   if (auto it = f.current_pool.find(p->device); it != f.current_pool.end() && it->second == p) f.current_pool.erase(it);
-  DropIfDone(p);
+  if (p->reserved == 0) f.pools.erase(p);  // nothing counted on it: forgotten now (Unpool otherwise)
   return cudaSuccess;
 }
 

@@ -252,11 +252,7 @@ TANDEM_API cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   if (it == f.streams.end()) return Return(cudaErrorInvalidResourceHandle);
   DeviceContext* d = nullptr;
   TANDEM_RETURN_CUDA_IF_ERROR(Return(f.Device(it->second->device, &d)));
-  if (auto c = f.captures.find(stream); c != f.captures.end()) {  // its capture ends with it, graph and all
-    f.graphs.erase(c->second.graph);
-    f.captures.erase(c);
-    f.capturing.fetch_sub(1, std::memory_order_acq_rel);
-  }
+  DropCapture(stream);  // its capture ends with it, graph and all
   d->session().Post(ir::StreamDestroyReq{.stream = it->second->handle});
   d->foreign_waits.erase(it->second->handle);
   f.ForgetStream(it->second->handle);
@@ -333,10 +329,8 @@ TANDEM_API cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t even
     if (ev.capture != c->id) return Return(Refuse(*c, "cudaStreamWaitEvent on an event recorded outside the capture"));
     return Return(c->invalidated ? cudaErrorStreamCaptureInvalidated : cudaSuccess);
   }
-  if (ev.capture) {
-    for (auto& [captured, c] : f.captures)
-      if (c.id == ev.capture) return Return(Refuse(c, "a second stream joining a capture (cudaStreamWaitEvent)"));
-  }
+  if (Capture* c = ev.capture ? CaptureById(ev.capture) : nullptr)
+    return Return(Refuse(*c, "a second stream joining a capture (cudaStreamWaitEvent)"));
   if (!ev.recorded) return cudaSuccess;  // waiting on a never-recorded event is a no-op
   DeviceContext* ed = nullptr;
   TANDEM_RETURN_CUDA_IF_ERROR(Return(f.Device(ev.device, &ed)));
@@ -387,10 +381,7 @@ TANDEM_API cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, 
 TANDEM_API cudaError_t cudaStreamAddCallback(cudaStream_t stream, cudaStreamCallback_t callback, void* data,
                                              unsigned int flags) {
   if (!callback || flags != 0) return Return(cudaErrorInvalidValue);
-  if (Frontend::Get().capturing.load() > 0) {  // CUDA captures no stream callback (cudaLaunchHostFunc instead)
-    std::lock_guard<std::mutex> lock(Frontend::Get().mu);
-    if (Capture* c = CaptureOf(stream)) return Return(Invalidate(*c));
-  }
+  if (auto c = Captured(stream, "stream callback", nullptr)) return Return(*c);  // CUDA captures none
   return Return(AddCallback(stream, [callback, stream, data](cudaError_t st) { callback(stream, st, data); }));
 }
 
@@ -473,12 +464,8 @@ static cudaError_t FindEvent(cudaEvent_t event, uint64_t* handle, DeviceContext*
   if (it == f.events.end()) return cudaErrorInvalidResourceHandle;
   // Recorded in a capture still under way: no record to look at (CUDA prohibits the call in a
   // capture that is not relaxed, invalidating it).
-  if (it->second->capture) {
-    for (auto& [stream, c] : f.captures) {
-      if (c.id != it->second->capture) continue;
-      return c.mode == cudaStreamCaptureModeRelaxed ? cudaErrorStreamCaptureUnsupported : Invalidate(c);
-    }
-  }
+  if (Capture* c = it->second->capture ? CaptureById(it->second->capture) : nullptr)
+    return c->mode == cudaStreamCaptureModeRelaxed ? cudaErrorStreamCaptureUnsupported : Invalidate(*c);
   TANDEM_RETURN_CUDA_IF_ERROR(f.Device(it->second->device, d));
   *handle = it->second->handle;
   *recorded = it->second->recorded;
