@@ -1,5 +1,7 @@
 #include "tandem/ir/codec.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 namespace tandem::ir {
@@ -52,15 +54,19 @@ void BatchWriter::PutStatus(const Status& st, const std::vector<AsyncError>& def
 std::vector<uint8_t> BatchWriter::Finish() {
   std::vector<uint8_t> out;
   out.swap(buf_);
-  std::vector<uint8_t> head;
-  Writer w(&head);
-  w.PutInt(kMagic);
-  w.PutInt(static_cast<uint16_t>(kProtocolVersion));
-  w.PutInt(static_cast<uint16_t>(kind_));
-  w.PutInt(count_);
-  w.PutInt(static_cast<uint32_t>(out.size() - kBatchHeaderSize));
-  std::copy(head.begin(), head.end(), out.begin());
+  // The header in place of the room left for it.
+  size_t at = 0;
+  auto put = [&](auto v) {
+    for (size_t i = 0; i < sizeof(v); ++i) out[at++] = static_cast<uint8_t>(v >> (8 * i));
+  };
+  put(kMagic);
+  put(static_cast<uint16_t>(kProtocolVersion));
+  put(static_cast<uint16_t>(kind_));
+  put(count_);
+  put(static_cast<uint32_t>(out.size() - kBatchHeaderSize));
   count_ = 0;
+  // The next batch starts with room for one like this (up to 64 KiB), not from empty.
+  buf_.reserve(std::clamp<size_t>(out.size(), 256, 64 * 1024));
   buf_.resize(kBatchHeaderSize);
   return out;
 }

@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
-# A/B of one client setting on the synchronous loops (GPU machine, from the repository root,
-# after a build): sync_loop (CUDA) and ocl_loop (OpenCL) natively, then through one tandemd
-# per API with and without SETTING, interleaved, ROUNDS times, over each provider given.
-# Prints one line per run: "provider round variant program: <the loop's own p50 line>".
+# A/B of one client setting, or of two builds, on the synchronous loops (GPU machine, from the
+# repository root, after a build): sync_loop (CUDA) and ocl_loop (OpenCL) natively, then
+# through tandemd (one per API and side) for A and B, interleaved, ROUNDS times, over each
+# provider given. Prints one line per run: "provider round variant program: <the loop's p50 line>".
 #   bash bench/experiments/round_trip/ab_env.sh BUILD_DIR TANDEM_EXP_EAGER=0 [ROUNDS] [PROVIDERS]
-# e.g. ... /tmp/tgX TANDEM_EXP_EAGER=0 3 "tcp shm". The B side runs with SETTING, the A side
-# without it.
+#   bash bench/experiments/round_trip/ab_env.sh BASE_BUILD_DIR build=NEW_BUILD_DIR [ROUNDS] [PROVIDERS]
+# e.g. ... /tmp/tgX TANDEM_EXP_EAGER=0 3 "tcp shm". The B side runs with SETTING (the A side
+# without it), or with the other build's tandemd and client.
 set -u
 B=$1 setting=$2 rounds=${3:-3} providers=${4:-tcp shm}
+declare -A build=([A]=$B [B]=$B) extra_env=([A]="" [B]=$setting)
+if [[ $setting == build=* ]]; then
+  build[B]=${setting#build=}
+  extra_env[B]=""
+fi
 here=bench/experiments/round_trip
 source scripts/lib/tandemd.sh
 source scripts/lib/opencl-vendors.sh
@@ -27,12 +33,16 @@ for prov in $providers; do
   [[ $prov == shm ]] && env+=(FI_PROVIDER=shm FI_SHM_DISABLE_CMA=1)
   declare -A srv=()
   pids=()
-  for backend in cuda opencl; do
-    p=$(free_port)
-    env "${env[@]}" setsid "$B/server/tandemd" --listen 127.0.0.1:$p --backend $backend >$W/tandemd-$backend-$prov.log 2>&1 &
-    pids+=($!)
-    tandemd_listens $! $W/tandemd-$backend-$prov.log || { echo "tandemd $backend ($prov) did not start"; tail -5 $W/tandemd-$backend-$prov.log; exit 1; }
-    srv[$backend]=127.0.0.1:$p
+  for v in A B; do
+    [[ $v == B && ${build[B]} == "${build[A]}" ]] && { srv[B-cuda]=${srv[A-cuda]}; srv[B-opencl]=${srv[A-opencl]}; continue; }
+    for backend in cuda opencl; do
+      p=$(free_port)
+      log=$W/tandemd-$v-$backend-$prov.log
+      env "${env[@]}" setsid "${build[$v]}/server/tandemd" --listen 127.0.0.1:$p --backend $backend >$log 2>&1 &
+      pids+=($!)
+      tandemd_listens $! $log || { echo "tandemd $v $backend ($prov) did not start"; tail -5 $log; exit 1; }
+      srv[$v-$backend]=127.0.0.1:$p
+    done
   done
   env "${env[@]}" timeout 60 "$B/fabric/tandem_fabric_pingpong" --provider $prov --iters 3000 2>/dev/null | grep "round trip" | sed "s/^/$prov wire: /"
   for ((r = 1; r <= rounds; ++r)); do
@@ -43,8 +53,8 @@ for prov in $providers; do
       # A, then B; the next round starts with B, so neither side always runs first.
       order=(A B); ((r % 2 == 0)) && order=(B A)
       for v in "${order[@]}"; do
-        extra=(); [[ $v == B ]] && extra=("$setting")
-        echo "$prov $r $v $l: $(env "${env[@]}" "${extra[@]}" timeout 120 "$B/tools/tandem" run --servers ${srv[$backend]} -- $W/$1 $2 2>&1 | grep -v '^\[tandem' | tail -1)"
+        extra=(); [[ -n ${extra_env[$v]} ]] && extra=("${extra_env[$v]}")
+        echo "$prov $r $v $l: $(env "${env[@]}" "${extra[@]}" timeout 120 "${build[$v]}/tools/tandem" run --servers ${srv[$v-$backend]} -- $W/$1 $2 2>&1 | grep -v '^\[tandem' | tail -1)"
       done
     done
   done

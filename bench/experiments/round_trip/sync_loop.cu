@@ -2,9 +2,11 @@
 // sync_loop async: 30 times 1000 launches and one synchronize, per launch (as cuda_bench's
 // cuda_launch_async).
 // sync_loop split: launch + synchronize, the launch call and the synchronize call timed apart.
+// A second argument sets the number of round trips (of bursts, for async), e.g. for a profile.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 __global__ void empty_kernel() {}
@@ -30,7 +32,8 @@ int main(int argc, char** argv) {
     std::printf("split: p50 %.1f us (launch call %.2f, synchronize call %.2f)\n", b[1500], l[1500], y[1500]);
     return 0;
   }
-  for (int r = 0; r < (async ? 30 : 3000); ++r) {
+  const int rounds = argc > 2 ? std::atoi(argv[2]) : (async ? 30 : 3000);
+  for (int r = 0; r < rounds; ++r) {
     auto t0 = Clock::now();
     if (async) { for (int i = 0; i < 1000; ++i) empty_kernel<<<1, 1>>>(); cudaDeviceSynchronize(); }
     else if (!strcmp(mode, "launch")) { empty_kernel<<<1, 1>>>(); cudaDeviceSynchronize(); }

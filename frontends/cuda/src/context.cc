@@ -57,6 +57,21 @@ std::vector<uint64_t> DeviceContext::ForeignWaits(uint64_t stream, const client:
   return out;
 }
 
+const DeviceContext::LaunchLimits& DeviceContext::Limits() const {
+  if (!launch_limits) {
+    launch_limits = LaunchLimits{
+        .threads = static_cast<uint64_t>(Attr(cudaDevAttrMaxThreadsPerBlock, 1024)),
+        .block = {static_cast<unsigned>(Attr(cudaDevAttrMaxBlockDimX, 1024)),
+                  static_cast<unsigned>(Attr(cudaDevAttrMaxBlockDimY, 1024)),
+                  static_cast<unsigned>(Attr(cudaDevAttrMaxBlockDimZ, 64))},
+        .grid = {static_cast<unsigned>(Attr(cudaDevAttrMaxGridDimX, 0x7fffffff)),
+                 static_cast<unsigned>(Attr(cudaDevAttrMaxGridDimY, 65535)),
+                 static_cast<unsigned>(Attr(cudaDevAttrMaxGridDimZ, 65535))},
+        .shared = static_cast<size_t>(Attr(cudaDevAttrMaxSharedMemoryPerBlockOptin, 48 << 10))};
+  }
+  return *launch_limits;
+}
+
 int32_t Function::Attr(uint32_t cu_attr, int32_t fallback) const {
   for (const ir::Prop& p : info.attrs) {
     if (p.key != ir::kCudaFuncAttrBase + cu_attr || p.value.size() != sizeof(int32_t)) continue;

@@ -114,6 +114,15 @@ struct DeviceContext {
   // The events of `source` that a copy on `stream` must have its source wait for.
   std::vector<uint64_t> ForeignWaits(uint64_t stream, const client::Session* source) const;
   int32_t Attr(int attr, int32_t fallback = 0) const;
+  // The limits every launch is checked against, read from the properties once (Attr scans
+  // them: ten scans showed in a launch's profile, 2026-11-27-f). Needs mu.
+  struct LaunchLimits {
+    uint64_t threads = 0;
+    unsigned block[3] = {}, grid[3] = {};
+    size_t shared = 0;
+  };
+  const LaunchLimits& Limits() const;
+  mutable std::optional<LaunchLimits> launch_limits;
   client::Session& session() const { return *dev->session; }
   uint64_t remote() const { return dev->remote_index; }
 };

@@ -15,17 +15,13 @@ constexpr uint32_t kFuncMaxDynShared = 8;     // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_S
 // answers every one of them with cudaErrorInvalidValue (observed natively on driver 580),
 // where older runtimes said cudaErrorInvalidConfiguration.
 cudaError_t CheckConfig(const DeviceContext& d, dim3 grid, dim3 block, size_t shared) {
+  const DeviceContext::LaunchLimits& l = d.Limits();
   const uint64_t threads = uint64_t{block.x} * block.y * block.z;
-  const bool bad_block = block.x == 0 || block.y == 0 || block.z == 0 ||
-                         threads > static_cast<uint64_t>(d.Attr(cudaDevAttrMaxThreadsPerBlock, 1024)) ||
-                         block.x > static_cast<unsigned>(d.Attr(cudaDevAttrMaxBlockDimX, 1024)) ||
-                         block.y > static_cast<unsigned>(d.Attr(cudaDevAttrMaxBlockDimY, 1024)) ||
-                         block.z > static_cast<unsigned>(d.Attr(cudaDevAttrMaxBlockDimZ, 64));
-  const bool bad_grid = grid.x == 0 || grid.y == 0 || grid.z == 0 ||
-                        grid.x > static_cast<unsigned>(d.Attr(cudaDevAttrMaxGridDimX, 0x7fffffff)) ||
-                        grid.y > static_cast<unsigned>(d.Attr(cudaDevAttrMaxGridDimY, 65535)) ||
-                        grid.z > static_cast<unsigned>(d.Attr(cudaDevAttrMaxGridDimZ, 65535));
-  const bool bad_shared = shared > static_cast<size_t>(d.Attr(cudaDevAttrMaxSharedMemoryPerBlockOptin, 48 << 10));
+  const bool bad_block = block.x == 0 || block.y == 0 || block.z == 0 || threads > l.threads ||
+                         block.x > l.block[0] || block.y > l.block[1] || block.z > l.block[2];
+  const bool bad_grid = grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > l.grid[0] || grid.y > l.grid[1] ||
+                        grid.z > l.grid[2];
+  const bool bad_shared = shared > l.shared;
   return bad_block || bad_grid || bad_shared ? cudaErrorInvalidValue : cudaSuccess;
 }
 
