@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 #include "tandem/server/backend.h"
 
@@ -84,5 +85,49 @@ class Reader {
   const uint8_t* p_;
   const uint8_t* end_;
 };
+
+// The user events an input created and has not set. A call that may wait for the device
+// would wait forever for one that only a later command sets (a real session sets them from
+// its receive thread, meanwhile): the targets set them first (SetAll).
+class UserEvents {
+ public:
+  explicit UserEvents(server::Backend& b) : b_(b) {}
+  void Created(uint64_t ev) { held_.push_back(ev); }
+  void SetAll() {
+    for (uint64_t ev : held_) Set(ev);
+    held_.clear();
+  }
+  // An event about to be destroyed unset would leave what waits on it waiting, as natively.
+  void SetIfHeld(uint64_t ev) {
+    if (std::find(held_.begin(), held_.end(), ev) == held_.end()) return;
+    Set(ev);
+    std::erase(held_, ev);
+  }
+
+ private:
+  void Set(uint64_t ev) {
+    ir::UserEventSetRep r;
+    b_.OnUserEventSet({ev, 0}, &r);
+  }
+  server::Backend& b_;
+  std::vector<uint64_t> held_;
+};
+
+// The end of an input: every handle of the pools freed (buffers 1-7, streams 1-4, events
+// 100-106), so the next input starts from the same state.
+inline void FreePools(server::Backend& b) {
+  for (uint64_t h = 1; h <= 7; ++h) {
+    ir::BufferFreeRep r;
+    b.OnBufferFree({h}, &r);
+  }
+  for (uint64_t s = 1; s <= 4; ++s) {
+    ir::StreamDestroyRep r;
+    b.OnStreamDestroy({s}, &r);
+  }
+  for (uint64_t e = 100; e <= 106; ++e) {
+    ir::EventDestroyRep r;
+    b.OnEventDestroy({e}, &r);
+  }
+}
 
 }  // namespace tandem::test

@@ -118,16 +118,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto note = [&](const char* what, const Status& st) {
     if (trace) std::fprintf(stderr, "  %s: %s\n", what, st.ToString().c_str());
   };
-  std::vector<uint64_t> user_events;
-  // A call that may wait on the device would wait forever for a user event only a later
-  // command sets (a real session sets it from its receive thread): those are set first.
-  auto set_user_events = [&] {
-    for (uint64_t ev : user_events) {
-      ir::UserEventSetRep r;
-      note("OnUserEventSet", b.OnUserEventSet({ev, 0}, &r));
-    }
-    user_events.clear();
-  };
+  UserEvents user_events(b);
   for (int ops = 0; in.more() && ops < 64; ++ops) {
     const int op = in.u8() % 24;
     if (trace) std::fprintf(stderr, "op %d: case %d\n", ops, op);
@@ -138,7 +129,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       }
       case 1: {
-        set_user_events();  // a free waits for the device, as cudaFree does
+        user_events.SetAll();  // a free waits for the device, as cudaFree does
         ir::BufferFreeRep r;
         note("OnBufferFree", b.OnBufferFree({in.buffer()}, &r));
         break;
@@ -148,7 +139,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         const uint64_t buffer = (in.u8() & 1) ? in.buffer() : 0;
         ir::BufferWriteReq q{in.stream(), buffer, buffer ? in.size() : Address(in, g), in.size(), in.data(255),
                              in.region(), in.wait(), in.signal()};
-        set_user_events();  // a write from host memory may wait for its stream
+        user_events.SetAll();  // a write from host memory may wait for its stream
         ir::BufferWriteRep r;
         note("OnBufferWrite", b.OnBufferWrite(q, &r));
         break;
@@ -159,7 +150,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                             in.wait(), in.signal()};
         // An inline read's reply is bounded by the session before the backend sees it.
         if (q.remote.key == 0 && q.size > (1u << 20)) q.size &= 0xffff;
-        set_user_events();
+        user_events.SetAll();
         ir::BufferReadRep r;
         note("OnBufferRead", b.OnBufferRead(q, &r));
         break;
@@ -193,7 +184,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         ir::EventCreateRep r;
         const uint64_t ev = in.event();
         const uint32_t flags = in.pick(8);
-        if (b.OnEventCreate({ev, in.pick(2), flags}, &r).ok() && (flags & ir::kEventUser)) user_events.push_back(ev);
+        if (b.OnEventCreate({ev, in.pick(2), flags}, &r).ok() && (flags & ir::kEventUser)) user_events.Created(ev);
         break;
       }
       case 8: {
@@ -210,11 +201,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         // A user event destroyed unset leaves what waits on it waiting: set first (as natively,
         // the session's worker ends with its client anyway).
         const uint64_t ev = in.event();
-        if (std::find(user_events.begin(), user_events.end(), ev) != user_events.end()) {
-          ir::UserEventSetRep set;
-          note("OnUserEventSet", b.OnUserEventSet({ev, 0}, &set));
-          std::erase(user_events, ev);
-        }
+        user_events.SetIfHeld(ev);
         ir::EventDestroyRep r;
         note("OnEventDestroy", b.OnEventDestroy({ev}, &r));
         break;
@@ -235,7 +222,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       }
       case 14: {
-        set_user_events();
+        user_events.SetAll();
         if (in.u8() & 1) {
           ir::StreamSyncRep r;
           note("OnStreamSync", b.OnStreamSync({in.stream()}, &r));
@@ -246,13 +233,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       }
       case 15: {
-        set_user_events();
+        user_events.SetAll();
         ir::EventElapsedRep r;
         note("OnEventElapsed", b.OnEventElapsed({in.event(), in.event()}, &r));
         break;
       }
       case 16: {
-        set_user_events();
+        user_events.SetAll();
         // The test kernels whole, cut short, or arbitrary bytes; or a kind that is not CUDA's.
         ir::ModuleLoadReq q{1u + in.pick(3), in.pick(2), in.pick(4) == 0 ? 7u : static_cast<uint32_t>(ir::ModuleKind::kCudaImage), {}};
         switch (in.u8() % 3) {
@@ -291,7 +278,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       }
       case 20: {
-        set_user_events();  // setting some limits waits for the context
+        user_events.SetAll();  // setting some limits waits for the context
         // Limits: a CUlimit (and beyond) with any value, then read back.
         const uint32_t limit = in.pick(10);
         ir::DeviceSetLimitRep r;
@@ -301,13 +288,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       }
       case 21: {
-        set_user_events();
+        user_events.SetAll();
         ir::WarmRep r;
         note("OnWarm", b.OnWarm({in.pick(2), in.pick(8), 0, in.data(128)}, &r));
         break;
       }
       case 22: {
-        set_user_events();
+        user_events.SetAll();
         const uint64_t buffer = (in.u8() & 1) ? in.buffer() : 0;
         ir::BufferDigestRep r;
         note("OnBufferDigest", b.OnBufferDigest({in.stream(), buffer, buffer ? in.size() : Address(in, g), in.size(), in.size(), in.wait(),
@@ -316,7 +303,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       }
       default: {
-        set_user_events();  // unloading a module waits for its kernels
+        user_events.SetAll();  // unloading a module waits for its kernels
         ir::MemInfoRep m;
         note("OnMemInfo", b.OnMemInfo({in.pick(2)}, &m));
         ir::PriorityRangeRep p;
@@ -332,25 +319,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // Nothing may be left waiting or held: user events set, the device drained (and reset when
   // something left a sticky error, so the next input finds it usable), every handle freed.
   if (trace) std::fprintf(stderr, "cleanup\n");
-  set_user_events();
+  user_events.SetAll();
   ir::DeviceSyncRep sync;
   if (!b.OnDeviceSync({0}, &sync).ok()) {
     ir::DeviceResetRep reset;
     Status st = b.OnDeviceReset({0}, &reset);
     if (!st.ok()) std::fprintf(stderr, "cuda_backend_fuzz: device reset: %s\n", st.ToString().c_str());
   }
-  for (uint64_t h = 1; h <= 7; ++h) {
-    ir::BufferFreeRep r;
-    note("OnBufferFree", b.OnBufferFree({h}, &r));
-  }
-  for (uint64_t s = 1; s <= 4; ++s) {
-    ir::StreamDestroyRep r;
-    note("OnStreamDestroy", b.OnStreamDestroy({s}, &r));
-  }
-  for (uint64_t e = 100; e <= 106; ++e) {
-    ir::EventDestroyRep r;
-    note("OnEventDestroy", b.OnEventDestroy({e}, &r));
-  }
+  FreePools(b);
   for (uint64_t h = 1; h <= 3; ++h) {
     ir::FunctionFreeRep f;
     note("OnFunctionFree", b.OnFunctionFree({h}, &f));

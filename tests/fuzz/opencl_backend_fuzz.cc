@@ -69,17 +69,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   }
   Reader in(data, size);
-  std::vector<uint64_t> user_events;
-  // A call that may block on the device (a read back, a bulk write, event times, a sync) would
-  // wait forever for a user event only a later command sets (a real session sets it from its
-  // receive thread): those are set first.
-  auto set_user_events = [&] {
-    for (uint64_t ev : user_events) {
-      ir::UserEventSetRep r;
-      b.OnUserEventSet({ev, 0}, &r);
-    }
-    user_events.clear();
-  };
+  // Set before a read back, a bulk write, event times or a sync.
+  UserEvents user_events(b);
   for (int ops = 0; in.more() && ops < 64; ++ops) {
     switch (in.u8() % 16) {
       case 0: {
@@ -95,7 +86,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 2: {
         ir::BufferWriteRep r;
         ir::BufferWriteReq q{in.stream(), in.buffer(), in.size(), in.size(), in.data(255), in.region(), in.wait(), in.signal()};
-        if (q.remote.key != 0) set_user_events();
+        if (q.remote.key != 0) user_events.SetAll();
         b.OnBufferWrite(q, &r);
         break;
       }
@@ -103,7 +94,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         ir::BufferReadRep r;
         ir::BufferReadReq q{in.stream(), in.buffer(), in.size(), in.size(), in.region(), in.wait(), in.signal()};
         if (q.remote.key == 0 && q.size > (1u << 20)) q.size &= 0xffff;  // an inline read's reply is built here
-        set_user_events();
+        user_events.SetAll();
         b.OnBufferRead(q, &r);
         break;
       }
@@ -130,7 +121,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         ir::EventCreateRep r;
         const uint64_t ev = in.event();
         const uint32_t flags = in.pick(4);
-        if (b.OnEventCreate({ev, in.pick(2), flags}, &r).ok() && (flags & ir::kEventUser)) user_events.push_back(ev);
+        if (b.OnEventCreate({ev, in.pick(2), flags}, &r).ok() && (flags & ir::kEventUser)) user_events.Created(ev);
         break;
       }
       case 8: {
@@ -148,11 +139,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         // natively (the session's worker still ends when its client goes: it _exits): set first.
         ir::EventDestroyRep r;
         const uint64_t ev = in.event();
-        if (std::find(user_events.begin(), user_events.end(), ev) != user_events.end()) {
-          ir::UserEventSetRep set;
-          b.OnUserEventSet({ev, 0}, &set);
-          std::erase(user_events, ev);
-        }
+        user_events.SetIfHeld(ev);
         b.OnEventDestroy({ev}, &r);
         break;
       }
@@ -173,7 +160,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
       case 14: {
         ir::EventTimesRep r;
-        set_user_events();
+        user_events.SetAll();
         b.OnEventTimes({in.event()}, &r);
         break;
       }
@@ -185,23 +172,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   }
   // Nothing may be left waiting: user events set, the device drained, every handle freed.
-  set_user_events();
+  user_events.SetAll();
   for (uint64_t d : {0, 1}) {
     ir::DeviceSyncRep r;
     b.OnDeviceSync({d}, &r);
   }
-  for (uint64_t h = 1; h <= 7; ++h) {
-    ir::BufferFreeRep r;
-    b.OnBufferFree({h}, &r);
-  }
-  for (uint64_t s = 1; s <= 4; ++s) {
-    ir::StreamDestroyRep r;
-    b.OnStreamDestroy({s}, &r);
-  }
-  for (uint64_t e = 100; e <= 106; ++e) {
-    ir::EventDestroyRep r;
-    b.OnEventDestroy({e}, &r);
-  }
+  FreePools(b);
   return 0;
 }
 
