@@ -180,7 +180,7 @@ Status SessionImpl::FlushLocked(std::unique_lock<std::mutex>& lock) {
     lock.unlock();
     return h;
   }
-  std::vector<uint8_t> msg = batch_.Finish();
+  std::vector<uint8_t> msg = batch_.Finish(/*keep_room=*/true);
   const uint64_t top = next_seq_ - 1;  // every seq below next_seq_ is in this batch or an earlier one
   last_send_ = Clock::now();
   Stats::Get().messages_sent.fetch_add(1, std::memory_order_relaxed);

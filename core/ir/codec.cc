@@ -18,7 +18,10 @@ std::string_view CommandName(uint16_t opcode) {
   return c ? c->name : std::string_view("Unknown");
 }
 
-BatchWriter::BatchWriter(BatchKind kind) : kind_(kind) { buf_.resize(kBatchHeaderSize); }
+BatchWriter::BatchWriter(BatchKind kind) : kind_(kind) {
+  buf_.reserve(256);  // a batch of a few records without regrowing
+  buf_.resize(kBatchHeaderSize);
+}
 
 size_t BatchWriter::BeginRecord(uint16_t opcode, uint16_t flags, uint64_t seq) {
   size_t at = buf_.size();
@@ -51,7 +54,7 @@ void BatchWriter::PutStatus(const Status& st, const std::vector<AsyncError>& def
   Put(w, deferred);
 }
 
-std::vector<uint8_t> BatchWriter::Finish() {
+std::vector<uint8_t> BatchWriter::Finish(bool keep_room) {
   std::vector<uint8_t> out;
   out.swap(buf_);
   // The header in place of the room left for it.
@@ -65,8 +68,7 @@ std::vector<uint8_t> BatchWriter::Finish() {
   put(count_);
   put(static_cast<uint32_t>(out.size() - kBatchHeaderSize));
   count_ = 0;
-  // The next batch starts with room for one like this (up to 64 KiB), not from empty.
-  buf_.reserve(std::clamp<size_t>(out.size(), 256, 64 * 1024));
+  if (keep_room) buf_.reserve(std::clamp<size_t>(out.size(), 256, 64 * 1024));
   buf_.resize(kBatchHeaderSize);
   return out;
 }

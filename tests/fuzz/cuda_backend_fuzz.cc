@@ -12,9 +12,16 @@
 // synchronized (reset when a command left a sticky error), and every handle freed, so the next
 // input starts from the same state.
 //
-// Without a GPU (or libcuda) the target exits with 77, which ctest reports as skipped.
+// Without libcuda or a GPU the target exits with 77, which ctest reports as skipped; any other
+// failure to start the backend, or a test module that was built but cannot be read, aborts.
 // Kernels that fault or spin are never named: a fault is a sticky error by design (covered by
-// CudaBackendTest.StickyErrorPersists), and a spin is a wait, not a bug.
+// CudaBackendTest.StickyErrorPersists), and a spin is a wait, not a bug. So a sticky error
+// here is a finding: the device cannot be reset out of one in this process, and the target
+// aborts rather than go on testing nothing (FUZZ_LAST keeps the input).
+// The replay fails unless the seeds made at least one launch and one write succeed, so it
+// cannot pass without reaching the kernel and the copies.
+// FUZZ_DRY=1 runs the decoding against a backend that refuses everything (no GPU needed),
+// with FUZZ_TRACE=1 printing what each operation decoded to: for checking seeds.
 //
 // Input: as opencl_backend_fuzz's (backend_fuzz.h), an opcode byte and the fields it reads.
 #include <algorithm>
@@ -38,20 +45,45 @@ constexpr uint64_t kBase = ir::kCudaVaBase;
 constexpr uint64_t kRange = 1ull << 30;  // the reserved range: 1 GiB at the client's base
 constexpr int kSkip = 77;                // ctest's SKIP_RETURN_CODE
 
+// A backend that refuses every command (FUZZ_DRY): the decoding alone.
+class RefusingBackend final : public Backend {
+ public:
+  std::string name() const override { return "refusing"; }
+  uint32_t device_count() const override { return 1; }
+};
+
 struct Env {
   std::unique_ptr<Backend> backend;
   BoundedBulk bulk;
   ir::bytes fatbin;          // the test kernels (tests/cuda_backend/kernels.cu), if built
-  uint64_t granularity = 0;  // of device 0's mappings
+  uint64_t granularity = 2u << 20;  // of device 0's mappings
+  uint64_t launches_ok = 0, writes_ok = 0;  // for the replay's verdict
 };
 
 Env* TheEnv() {
   static Env* env = [] {
     auto* e = new Env;
+#ifdef TANDEM_TEST_FATBIN
+    std::ifstream in(TANDEM_TEST_FATBIN, std::ios::binary);
+    e->fatbin.assign(std::istreambuf_iterator<char>(in), {});
+    if (e->fatbin.empty()) {
+      std::fprintf(stderr, "cuda_backend_fuzz: cannot read the test module %s\n", TANDEM_TEST_FATBIN);
+      std::abort();
+    }
+#else
+    std::fprintf(stderr, "cuda_backend_fuzz: built without nvcc: modules and launches are not fuzzed\n");
+#endif
+    if (std::getenv("FUZZ_DRY")) {
+      e->backend = std::make_unique<RefusingBackend>();
+      return e;
+    }
     auto b = server::MakeCudaBackend(server::BackendOptions{.devices = "0"});
     if (!b.ok()) {
-      std::fprintf(stderr, "cuda_backend_fuzz: no CUDA backend (skipped): %s\n", b.status().ToString().c_str());
-      std::exit(kSkip);
+      // No libcuda, no usable driver or no device: nothing to fuzz here. Anything else is a
+      // backend that should have started.
+      std::fprintf(stderr, "cuda_backend_fuzz: no CUDA backend: %s\n", b.status().ToString().c_str());
+      if (b.status().code() == Code::kUnimplemented) std::exit(kSkip);
+      std::abort();
     }
     e->backend = std::move(b.value());
     e->backend->set_bulk(&e->bulk);
@@ -62,10 +94,6 @@ Env* TheEnv() {
       std::abort();
     }
     e->granularity = r.granularity;
-#ifdef TANDEM_TEST_FATBIN
-    std::ifstream in(TANDEM_TEST_FATBIN, std::ios::binary);
-    e->fatbin.assign(std::istreambuf_iterator<char>(in), {});
-#endif
     return e;
   }();
   return env;
@@ -140,8 +168,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         ir::BufferWriteReq q{in.stream(), buffer, buffer ? in.size() : Address(in, g), in.size(), in.data(255),
                              in.region(), in.wait(), in.signal()};
         user_events.SetAll();  // a write from host memory may wait for its stream
+        if (trace)
+          std::fprintf(stderr, "  write: stream %llu buffer %llu offset 0x%llx size %llu, %zu inline bytes, key %llu\n",
+                       (unsigned long long)q.stream, (unsigned long long)q.buffer, (unsigned long long)q.offset,
+                       (unsigned long long)q.size, q.data.size(), (unsigned long long)q.remote.key);
         ir::BufferWriteRep r;
-        note("OnBufferWrite", b.OnBufferWrite(q, &r));
+        const Status st = b.OnBufferWrite(q, &r);
+        env->writes_ok += st.ok();
+        note("OnBufferWrite", st);
         break;
       }
       case 3: {
@@ -268,8 +302,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         q.wait = in.wait();
         q.signal = in.signal();
         q.flags = in.pick(4);
+        if (trace)
+          std::fprintf(stderr, "  launch: function %llu dims %u grid %zu block %zu offset %zu, %zu args (first: kind %u, %zu bytes)\n",
+                       (unsigned long long)q.function, q.dims, q.grid.size(), q.block.size(), q.offset.size(),
+                       q.args.size(), q.args.empty() ? 0u : q.args[0].kind, q.args.empty() ? size_t{0} : q.args[0].data.size());
         ir::LaunchRep r;
-        note("OnLaunch", b.OnLaunch(q, &r));
+        const Status st = b.OnLaunch(q, &r);
+        env->launches_ok += st.ok();
+        note("OnLaunch", st);
         break;
       }
       case 19: {
@@ -321,10 +361,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (trace) std::fprintf(stderr, "cleanup\n");
   user_events.SetAll();
   ir::DeviceSyncRep sync;
-  if (!b.OnDeviceSync({0}, &sync).ok()) {
+  if (!std::getenv("FUZZ_DRY") && !b.OnDeviceSync({0}, &sync).ok()) {
     ir::DeviceResetRep reset;
     Status st = b.OnDeviceReset({0}, &reset);
-    if (!st.ok()) std::fprintf(stderr, "cuda_backend_fuzz: device reset: %s\n", st.ToString().c_str());
+    if (!st.ok()) {
+      // A sticky error: every later input would test nothing.
+      std::fprintf(stderr, "cuda_backend_fuzz: the device cannot be reset (a sticky error?): %s\n", st.ToString().c_str());
+      std::abort();
+    }
   }
   FreePools(b);
   for (uint64_t h = 1; h <= 3; ++h) {
@@ -338,32 +382,118 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
 namespace tandem::test {
 
+namespace {
+
+// Writes a seed field by field, each as Reader (backend_fuzz.h) and the operations above read
+// it back, so that the seeds decode to what they say.
+class SeedWriter {
+ public:
+  SeedWriter& op(int n) { return u8(n); }
+  SeedWriter& u8(int v) {
+    out_.push_back(static_cast<uint8_t>(v));
+    return *this;
+  }
+  SeedWriter& raw(uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) u8(static_cast<int>((v >> (8 * i)) & 0xff));
+    return *this;
+  }
+  SeedWriter& small(int v) { return u8(0).u8(v); }  // size(): a value below 256
+  SeedWriter& page() { return u8(1).u8(16); }       // size(): 4096
+  SeedWriter& huge() { return u8(3).u8(0); }        // size(): 2^64 - 1
+  SeedWriter& buffer(int h) { return u8(h - 1); }
+  SeedWriter& stream(int s) { return u8(s); }
+  SeedWriter& event(int e) { return u8(e - 100); }
+  SeedWriter& no_wait() { return u8(0); }
+  SeedWriter& no_signal() { return u8(0); }
+  SeedWriter& no_region() { return u8(1); }
+  SeedWriter& data(std::initializer_list<int> bytes) {
+    u8(static_cast<int>(bytes.size()));
+    for (int b : bytes) u8(b);
+    return *this;
+  }
+  SeedWriter& granule(int n) { return u8(0).u8(n); }  // Address(): the reserved range's n-th granule
+  SeedWriter& by_handle(int h) { return u8(1).buffer(h); }
+  SeedWriter& by_address() { return u8(0); }
+  SeedWriter& shape1() { return u8(1).u8(1).u8(0); }  // Shape(): one value, 1
+  std::vector<uint8_t> done() { return std::move(out_); }
+
+ private:
+  std::vector<uint8_t> out_;
+};
+
+// A launch of function 1 on the default stream: dims, one-value grid and block, no offset,
+// no dynamic shared memory, then `args` arguments of raw bytes of `size` each.
+SeedWriter& Launch(SeedWriter& w, int dims, int args, int size) {
+  w.op(18).stream(0).u8(0).u8(dims).shape1().shape1().u8(0).u8(1).u8(args);
+  for (int i = 0; i < args; ++i) {
+    w.u8(0).u8(0).raw(0, 8).u8(size);  // kind bytes; value raw(8); data
+    for (int j = 0; j < size; ++j) w.u8(j == 0 ? 1 : 0);
+  }
+  return w.no_wait().no_signal().u8(0);  // flags
+}
+
+}  // namespace
+
 // Seeds: the common shapes in range, then past the ends.
 std::vector<std::vector<uint8_t>> BuiltinSeeds() {
   std::vector<std::vector<uint8_t>> seeds;
-  // Two allocations at granules 0 and 1; a write, fill, copy and read by handle; the same by
-  // absolute address; a digest.
-  seeds.push_back({0, 0, 0, 1, 0, 0, 0, 0,            // alloc buffer 1, device 0, ~4 KiB, flags 0, granule 0
-                   0, 1, 0, 0, 200, 0, 0, 1,          // alloc buffer 2, 200 B, granule 1
-                   2, 1, 0, 0, 0, 8, 0, 16, 8, 1, 2, 3, 4, 5, 6, 7, 8, 1, 0, 0,
-                   5, 1, 1, 0, 0, 0, 32, 2, 0xab, 0xcd, 0, 0,
-                   4, 1, 1, 0, 0, 0, 1, 0, 0, 0, 64, 0, 0,
-                   3, 1, 0, 0, 0, 0, 64, 1, 0, 0,
-                   2, 0, 0, 0, 0, 0, 16, 4, 9, 9, 9, 9, 1, 0, 0,
-                   22, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0});
-  // The test module, bump found and launched right and wrong, occupancy, limits.
-  seeds.push_back({16, 0, 0, 1, 0,                 // load module 1 (the fatbin) on device 0
-                   17, 0, 0, 0,                    // function 1 = bump in module 1
-                   18, 0, 0, 3, 1, 1, 1, 1, 1, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4, 1, 0, 0, 0, 0, 0, 0,
-                   18, 0, 0, 3, 3, 0, 255, 0, 0, 0, 1, 0, 2, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0, 0,
-                   19, 0, 0, 0, 0,
-                   20, 0, 0, 0, 0, 0,
-                   14, 0, 0});
-  // User events held by commands, failed sets, queries; sizes and addresses near 2^64.
-  seeds.push_back({7, 1, 1, 0, 7, 2, 0, 0, 13, 1, 0, 1, 1, 0, 8, 1, 0, 3, 9, 1, 15, 1, 2,
-                   0, 0, 0, 3, 0, 3, 3, 9, 1, 3, 0, 3, 2, 3, 3, 3, 3, 0, 0, 4, 0, 1, 1, 3, 0, 3, 3, 3, 0, 0,
-                   6, 0, 1, 2, 3, 3, 3, 3, 3, 3, 2, 3, 4, 3, 5, 4, 3, 9, 3, 9, 3, 9, 3, 9, 0, 0});
+  {
+    // Buffers 1 (4 KiB, granule 0) and 2 (200 B, granule 1); a write, fill, copy and read by
+    // handle; a write by absolute address; a digest.
+    SeedWriter w;
+    w.op(0).buffer(1).u8(0).page().u8(0).granule(0);
+    w.op(0).buffer(2).u8(0).small(200).u8(0).granule(1);
+    w.op(2).by_handle(1).stream(0).small(0).small(8).data({1, 2, 3, 4, 5, 6, 7, 8}).no_region().no_wait().no_signal();
+    w.op(5).by_handle(2).stream(0).small(0).small(32).data({0xab, 0xcd, 0xab, 0xcd}).no_wait().no_signal();
+    w.op(4).u8(1).buffer(1).u8(1).buffer(2).stream(0).small(0).small(0).small(64).no_wait().no_signal();
+    w.op(3).by_handle(2).stream(0).small(0).small(64).no_region().no_wait().no_signal();
+    w.op(2).by_address().stream(0).granule(0).small(4).data({9, 9, 9, 9}).no_region().no_wait().no_signal();
+    w.op(22).by_handle(1).stream(0).small(0).small(128).small(0).no_wait().no_signal();
+    seeds.push_back(w.done());
+  }
+  {
+    // The test module, bump(int) found and launched right, then with a short argument, with
+    // two dimensions' worth of one, and with no argument; occupancy; a limit; a sync.
+    SeedWriter w;
+    w.op(16).u8(0).u8(0).u8(1).u8(0);  // module 1, device 0, a CUDA image: the fatbinary
+    w.op(17).u8(0).u8(0).u8(0);         // function 1 = "bump" of module 1
+    Launch(w, 1, 1, 4);
+    Launch(w, 1, 1, 2);
+    Launch(w, 2, 1, 4);
+    Launch(w, 1, 0, 0);
+    w.op(19).u8(0).small(32).small(0);
+    w.op(20).u8(0).u8(0).small(0).u8(0);  // limit 0 (stack size) to 0, read back
+    w.op(14).u8(1).stream(0);             // stream sync
+    seeds.push_back(w.done());
+  }
+  {
+    // Sizes and offsets near 2^64, by handle and by address; a user event held by a marker,
+    // a failed set, queries.
+    SeedWriter w;
+    w.op(0).buffer(3).u8(0).huge().u8(0).granule(2);
+    w.op(2).by_handle(1).stream(0).huge().huge().data({1}).no_region().no_wait().no_signal();
+    w.op(4).u8(0).u8(0).stream(0).u8(3).raw(~uint64_t{0}, 8).u8(3).raw(~uint64_t{0} - 7, 8).huge().no_wait().no_signal();
+    w.op(7).event(101).u8(0).u8(1);       // event 101, device 0, a user event
+    w.op(13).stream(0).u8(0).u8(1).event(101).no_signal();  // a marker waiting on it
+    w.op(8).event(101).u8(0).u8(5);       // set to a failure (-6)
+    w.op(9).event(101).op(15).event(101).event(102);
+    seeds.push_back(w.done());
+  }
   return seeds;
+}
+
+// The replay's verdict (replay_main): the seeds must have reached the kernel and the copies.
+int ReplayVerdict() {
+  const Env* env = TheEnv();
+  if (std::getenv("FUZZ_DRY") || env->fatbin.empty()) return 0;
+  if (env->launches_ok == 0 || env->writes_ok == 0) {
+    std::fprintf(stderr, "cuda_backend_fuzz: the inputs made %llu launches and %llu writes succeed: the seeds no longer reach them\n",
+                 static_cast<unsigned long long>(env->launches_ok), static_cast<unsigned long long>(env->writes_ok));
+    return 1;
+  }
+  std::printf("%llu launches and %llu writes succeeded\n", static_cast<unsigned long long>(env->launches_ok),
+              static_cast<unsigned long long>(env->writes_ok));
+  return 0;
 }
 
 }  // namespace tandem::test

@@ -15,5 +15,8 @@ namespace tandem::test {
 // left over form one last message. fabric_fuzz's: frames, each a u16 length and its bytes.
 // peer_link_fuzz's: messages, each a u16 length and its bytes.
 std::vector<std::vector<uint8_t>> BuiltinSeeds();
+// After a replay of the seeds and corpora: 0 when it passed. Optional (replay_main's default
+// says 0); the CUDA backend target checks that its seeds reached a launch and a write.
+int ReplayVerdict();
 
 }  // namespace tandem::test

@@ -12,6 +12,8 @@ ROUNDS=${1:-60000}
 # The GPU machine has no perf: .scratch/perf holds a copy of one (the binary and the libraries
 # it needs beyond glibc and libstdc++), carried with the tree. What it records runs without
 # those libraries.
+# What the recorded programs run with: perf's own library path must not reach them.
+ORIG_LD_LIBRARY_PATH=${LD_LIBRARY_PATH-}
 if ! command perf --version >/dev/null 2>&1; then
   [[ -x .scratch/perf/perf ]] || { echo "no perf here, and no .scratch/perf/perf"; exit 2; }
   perf() { LD_LIBRARY_PATH=$PWD/.scratch/perf/lib "$PWD/.scratch/perf/perf" "$@"; }
@@ -54,7 +56,7 @@ report() {  # report NAME DATA: the flat views and the anchors' split of one rec
 }
 
 echo "native launch: $("$W/sync_loop" launch 3000)"
-perf record -a -g -F 4000 -o "$W/native.data" -- env -u LD_LIBRARY_PATH "$W/sync_loop" launch "$ROUNDS" >"$W/native.txt" 2>"$W/native.err" ||
+perf record -a -g -F 4000 -o "$W/native.data" -- env LD_LIBRARY_PATH="$ORIG_LD_LIBRARY_PATH" "$W/sync_loop" launch "$ROUNDS" >"$W/native.txt" 2>"$W/native.err" ||
   { echo "perf record failed: $(tail -3 "$W/native.err")"; exit 1; }
 echo "native, recorded: $(cat "$W/native.txt")"
 report native "$W/native.data"
@@ -64,13 +66,13 @@ for prov in tcp shm; do
   start_server_as $prov "$N/server/tandemd" cuda "$W/tandemd-$prov.log" || continue
   a=${addr[$prov]}
   echo "tandem $prov launch: $("$N/tools/tandem" run --servers "$a" -- "$W/sync_loop" launch 3000 2>&1 | grep -v '^\[tandem')"
-  perf record -a -g -F 4000 -o "$W/$prov.data" -- env -u LD_LIBRARY_PATH "$N/tools/tandem" run --servers "$a" -- \
+  perf record -a -g -F 4000 -o "$W/$prov.data" -- env LD_LIBRARY_PATH="$ORIG_LD_LIBRARY_PATH" "$N/tools/tandem" run --servers "$a" -- \
     "$W/sync_loop" launch "$ROUNDS" >"$W/$prov.txt" 2>&1
   echo "tandem $prov, recorded: $(grep -v '^\[tandem' "$W/$prov.txt")"
   report "tandem $prov launch + sync" "$W/$prov.data"
   if [[ $prov == tcp ]]; then
     echo "tandem tcp async: $("$N/tools/tandem" run --servers "$a" -- "$W/sync_loop" async 30 2>&1 | grep -v '^\[tandem')"
-    perf record -a -g -F 4000 -o "$W/async.data" -- env -u LD_LIBRARY_PATH "$N/tools/tandem" run --servers "$a" -- \
+    perf record -a -g -F 4000 -o "$W/async.data" -- env LD_LIBRARY_PATH="$ORIG_LD_LIBRARY_PATH" "$N/tools/tandem" run --servers "$a" -- \
       "$W/sync_loop" async 300 >"$W/async.txt" 2>&1
     echo "tandem tcp async, recorded: $(grep -v '^\[tandem' "$W/async.txt")"
     report "tandem tcp async launches" "$W/async.data"

@@ -66,8 +66,8 @@ Status CudaBackend::OnWarm(const ir::WarmReq& req, ir::WarmRep* rep) {
   const size_t n = req.data.size();
   // The session refuses more (Session::Call(WarmReq)); the copy below goes through a buffer of
   // this size, so the backend checks too (cuda_backend_fuzz called it directly with more).
-  if (n > ir::kWarmMaxBytes)
-    return Status::Invalid(fmt::format("Warm: {} bytes (at most {})", n, ir::kWarmMaxBytes));
+  if (n > ir::kWarmMaxBytes || (req.what & ~(ir::kWarmCopy | ir::kWarmKernel)))
+    return Status::Invalid(fmt::format("Warm: {} bytes (at most {}), paths {:#x}", n, ir::kWarmMaxBytes, req.what));
   // Copies go through pageable memory, as the program's reads do here (an inline read lands in
   // the reply's bytes): pinned warm-ups kept that path no warmer (H100, 2026-11-24).
   const CUstream stream = d.warm_stream;

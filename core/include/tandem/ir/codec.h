@@ -260,8 +260,10 @@ class BatchWriter {
   uint32_t count() const { return count_; }
   size_t size() const { return buf_.size(); }
   bool empty() const { return count_ == 0; }
-  // Finishes the header and hands the message out; the writer is then empty again.
-  std::vector<uint8_t> Finish();
+  // Finishes the header and hands the message out; the writer is then empty again. A writer
+  // that lives on (the client's batch) passes keep_room: the next batch starts with room like
+  // this one's (up to 64 KiB) instead of growing from empty; one used once must not pay for it.
+  std::vector<uint8_t> Finish(bool keep_room = false);
 
  private:
   size_t BeginRecord(uint16_t opcode, uint16_t flags, uint64_t seq);
