@@ -34,8 +34,7 @@ size_t BatchWriter::BeginRecord(uint16_t opcode, uint16_t flags, uint64_t seq) {
 }
 
 void BatchWriter::EndRecord(size_t at) {
-  uint32_t len = static_cast<uint32_t>(buf_.size() - at - kRecordHeaderSize);
-  for (int i = 0; i < 4; ++i) buf_[at + 4 + i] = static_cast<uint8_t>(len >> (8 * i));
+  StoreLE(buf_.data() + at + 4, static_cast<uint32_t>(buf_.size() - at - kRecordHeaderSize));
   ++count_;
 }
 
@@ -58,15 +57,11 @@ std::vector<uint8_t> BatchWriter::Finish(bool keep_room) {
   std::vector<uint8_t> out;
   out.swap(buf_);
   // The header in place of the room left for it.
-  size_t at = 0;
-  auto put = [&](auto v) {
-    for (size_t i = 0; i < sizeof(v); ++i) out[at++] = static_cast<uint8_t>(v >> (8 * i));
-  };
-  put(kMagic);
-  put(static_cast<uint16_t>(kProtocolVersion));
-  put(static_cast<uint16_t>(kind_));
-  put(count_);
-  put(static_cast<uint32_t>(out.size() - kBatchHeaderSize));
+  StoreLE(out.data(), kMagic);
+  StoreLE(out.data() + 4, static_cast<uint16_t>(kProtocolVersion));
+  StoreLE(out.data() + 6, static_cast<uint16_t>(kind_));
+  StoreLE(out.data() + 8, count_);
+  StoreLE(out.data() + 12, static_cast<uint32_t>(out.size() - kBatchHeaderSize));
   count_ = 0;
   if (keep_room) buf_.reserve(std::clamp<size_t>(out.size(), 256, 64 * 1024));
   buf_.resize(kBatchHeaderSize);

@@ -67,7 +67,7 @@ void AppendAck(std::vector<uint8_t>& batch, uint64_t taken, uint64_t reply_no) {
     uint32_t v = 0;
     for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(batch[at + i]) << (8 * i);
     v += add;
-    for (int i = 0; i < 4; ++i) batch[at + i] = static_cast<uint8_t>(v >> (8 * i));
+    ir::StoreLE(batch.data() + at, v);
   };
   patch(8, 1);
   patch(12, static_cast<uint32_t>(one.size() - ir::kBatchHeaderSize));

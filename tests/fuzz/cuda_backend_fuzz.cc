@@ -58,6 +58,7 @@ struct Env {
   ir::bytes fatbin;          // the test kernels (tests/cuda_backend/kernels.cu), if built
   uint64_t granularity = 2u << 20;  // of device 0's mappings
   uint64_t launches_ok = 0, writes_ok = 0;  // for the replay's verdict
+  const bool dry = std::getenv("FUZZ_DRY") != nullptr;  // RefusingBackend
 };
 
 Env* TheEnv() {
@@ -73,7 +74,7 @@ Env* TheEnv() {
 #else
     std::fprintf(stderr, "cuda_backend_fuzz: built without nvcc: modules and launches are not fuzzed\n");
 #endif
-    if (std::getenv("FUZZ_DRY")) {
+    if (e->dry) {
       e->backend = std::make_unique<RefusingBackend>();
       return e;
     }
@@ -361,7 +362,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (trace) std::fprintf(stderr, "cleanup\n");
   user_events.SetAll();
   ir::DeviceSyncRep sync;
-  if (!std::getenv("FUZZ_DRY") && !b.OnDeviceSync({0}, &sync).ok()) {
+  if (!env->dry && !b.OnDeviceSync({0}, &sync).ok()) {
     ir::DeviceResetRep reset;
     Status st = b.OnDeviceReset({0}, &reset);
     if (!st.ok()) {
@@ -485,7 +486,7 @@ std::vector<std::vector<uint8_t>> BuiltinSeeds() {
 // The replay's verdict (replay_main): the seeds must have reached the kernel and the copies.
 int ReplayVerdict() {
   const Env* env = TheEnv();
-  if (std::getenv("FUZZ_DRY") || env->fatbin.empty()) return 0;
+  if (env->dry || env->fatbin.empty()) return 0;
   if (env->launches_ok == 0 || env->writes_ok == 0) {
     std::fprintf(stderr, "cuda_backend_fuzz: the inputs made %llu launches and %llu writes succeed: the seeds no longer reach them\n",
                  static_cast<unsigned long long>(env->launches_ok), static_cast<unsigned long long>(env->writes_ok));

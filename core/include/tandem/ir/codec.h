@@ -17,18 +17,24 @@
 
 namespace tandem::ir {
 
+// Stores v at p in little-endian byte order (sizeof(T) bytes).
+template <class T>
+void StoreLE(uint8_t* p, T v) {
+  static_assert(std::is_integral_v<T>);
+  using U = std::make_unsigned_t<T>;
+  const U u = static_cast<U>(v);
+  for (size_t i = 0; i < sizeof(T); ++i) p[i] = static_cast<uint8_t>(u >> (8 * i));
+}
+
 class Writer {
  public:
   explicit Writer(std::vector<uint8_t>* out) : out_(out) {}
   template <class T>
   void PutInt(T v) {
-    static_assert(std::is_integral_v<T>);
-    using U = std::make_unsigned_t<T>;
-    U u = static_cast<U>(v);
     // Bytes made here, then one insert: a push_back per byte cost a capacity check each, and
     // encoding showed in a launch's profile (2026-11-27-f).
     uint8_t b[sizeof(T)];
-    for (size_t i = 0; i < sizeof(T); ++i) b[i] = static_cast<uint8_t>(u >> (8 * i));
+    StoreLE(b, v);
     out_->insert(out_->end(), b, b + sizeof(T));
   }
   void PutRaw(const void* p, size_t n) {
@@ -250,8 +256,7 @@ class BatchWriter {
     size_t at = BeginRecord(static_cast<uint16_t>(T::kOpcode), flags, seq);
     Writer w(&buf_);
     Put(w, req);
-    const size_t count_at = buf_.size() - 4;  // the empty tail's u32 count
-    for (int i = 0; i < 4; ++i) buf_[count_at + i] = static_cast<uint8_t>(n >> (8 * i));
+    StoreLE(buf_.data() + buf_.size() - 4, static_cast<uint32_t>(n));  // the empty tail's u32 count
     const size_t data_at = buf_.size();
     buf_.resize(data_at + n);
     EndRecord(at);
