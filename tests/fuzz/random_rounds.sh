@@ -11,7 +11,7 @@ mkdir -p "$dir/crashes"
 for seed in $(seq "$rounds"); do
   FUZZ_LAST=$dir/last.bin timeout $((each + 60)) "$bin" --random "$each" "$seed" >"$dir/$seed.log" 2>&1
   rc=$?
-  echo "seed $seed: exit $rc: $(grep -E "^ran |hang|skipped|no CUDA" "$dir/$seed.log" | tail -1)"
+  echo "seed $seed: exit $rc: $(grep -E "^ran |succeeded|hang|skipped|no CUDA" "$dir/$seed.log" | tail -2 | tr '\n' ' ')"
   if [[ $rc == 77 ]]; then
     rm -f "$dir/$seed.log"
     break

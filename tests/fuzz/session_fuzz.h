@@ -18,5 +18,8 @@ std::vector<std::vector<uint8_t>> BuiltinSeeds();
 // After a replay of the seeds and corpora: 0 when it passed. Optional (replay_main's default
 // says 0); the CUDA backend target checks that its seeds reached a launch and a write.
 int ReplayVerdict();
+// After generated inputs (--random): how far they got, on stderr. Optional; the CUDA backend
+// target counts its successful launches and writes.
+void ReplaySummary();
 
 }  // namespace tandem::test
