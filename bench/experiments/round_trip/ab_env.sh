@@ -7,6 +7,10 @@
 #   bash bench/experiments/round_trip/ab_env.sh BASE_BUILD_DIR build=NEW_BUILD_DIR [ROUNDS] [PROVIDERS]
 # e.g. ... /tmp/tgX TANDEM_EXP_EAGER=0 3 "tcp shm". The B side runs with SETTING (the A side
 # without it), or with the other build's tandemd and client.
+# AB_LOOPS="ocl_loop launch 1000;ocl_loop read 1000" runs only those loops (";"-separated, with
+# their arguments). AB_PIN=SERVER_CPUS:CLIENT_CPUS (e.g. 2-5:8-11) pins the tandemd servers and
+# the programs to those CPUs (taskset), for both sides alike: which CPUs a run's threads land
+# on moved a loop's p50 by up to 10 us from one process to the next (2026-11-27-g.md).
 set -u
 B=$1 setting=$2 rounds=${3:-3} providers=${4:-tcp shm}
 declare -A build=([A]=$B [B]=$B) extra_env=([A]="" [B]=$setting)
@@ -27,6 +31,11 @@ vendors=$(native_opencl_vendors $W) || exit 1
 libs=$(icd_libs "$vendors")
 export OCL_ICD_VENDORS=$vendors OCL_ICD_FILENAMES=$libs
 loops=("sync_loop launch" "sync_loop split" "sync_loop read" "sync_loop async" "ocl_loop launch" "ocl_loop read" "ocl_loop async")
+[[ -n ${AB_LOOPS:-} ]] && IFS=';' read -r -a loops <<<"$AB_LOOPS"
+pin_server=() pin_client=()
+if [[ -n ${AB_PIN:-} ]]; then
+  pin_server=(taskset -c "${AB_PIN%%:*}") pin_client=(taskset -c "${AB_PIN#*:}")
+fi
 
 for prov in $providers; do
   env=(TANDEM_FABRIC_PROVIDER=$prov)
@@ -38,7 +47,7 @@ for prov in $providers; do
     for backend in cuda opencl; do
       p=$(free_port)
       log=$W/tandemd-$v-$backend-$prov.log
-      env "${env[@]}" setsid "${build[$v]}/server/tandemd" --listen 127.0.0.1:$p --backend $backend >$log 2>&1 &
+      env "${env[@]}" setsid "${pin_server[@]}" "${build[$v]}/server/tandemd" --listen 127.0.0.1:$p --backend $backend >$log 2>&1 &
       pids+=($!)
       tandemd_listens $! $log || { echo "tandemd $v $backend ($prov) did not start"; tail -5 $log; exit 1; }
       srv[$v-$backend]=127.0.0.1:$p
@@ -49,12 +58,12 @@ for prov in $providers; do
     for l in "${loops[@]}"; do
       set -- $l
       backend=cuda; [[ $1 == ocl_loop ]] && backend=opencl
-      ((r == 1)) && echo "$prov $r native $l: $(timeout 60 $W/$1 $2)"
+      ((r == 1)) && echo "$prov $r native $l: $(timeout 60 "${pin_client[@]}" $W/$1 "${@:2}")"
       # A, then B; the next round starts with B, so neither side always runs first.
       order=(A B); ((r % 2 == 0)) && order=(B A)
       for v in "${order[@]}"; do
         extra=(); [[ -n ${extra_env[$v]} ]] && extra=("${extra_env[$v]}")
-        echo "$prov $r $v $l: $(env "${env[@]}" "${extra[@]}" timeout 120 "${build[$v]}/tools/tandem" run --servers ${srv[$v-$backend]} -- $W/$1 $2 2>&1 | grep -v '^\[tandem' | tail -1)"
+        echo "$prov $r $v $l: $(env "${env[@]}" "${extra[@]}" timeout 120 "${pin_client[@]}" "${build[$v]}/tools/tandem" run --servers ${srv[$v-$backend]} -- $W/$1 "${@:2}" 2>&1 | grep -v '^\[tandem' | tail -1)"
       done
     done
   done

@@ -6,8 +6,13 @@
 # and async launch bursts over tcp. For each, prints the flat profile (self time) of the
 # program and of the worker by symbol, and how the samples under their main functions split
 # (perf_tree.py). The native loop's profile comes first, for the driver's share.
-#   run(command="bash bench/experiments/round_trip/perf_profile.sh [ROUNDS]", carry=[".deps", ".scratch"])
+# With `opencl` first, the same for ocl_loop through one OpenCL tandemd: enqueue + clFinish
+# (ROUNDS round trips) over tcp, and bursts of enqueues (ROUNDS / 100 bursts of 1000) natively
+# and over tcp.
+#   run(command="bash bench/experiments/round_trip/perf_profile.sh [opencl] [ROUNDS]", carry=[".deps", ".scratch"])
 set -u
+API=cuda
+if [[ ${1:-} == opencl ]]; then API=opencl; shift; fi
 ROUNDS=${1:-60000}
 # The GPU machine has no perf: .scratch/perf holds a copy of one (the binary and the libraries
 # it needs beyond glibc and libstdc++), carried with the tree. What it records runs without
@@ -24,10 +29,11 @@ source bench/experiments/lib.sh
 here=bench/experiments/round_trip
 N=/tmp/perf-build W=/tmp/perf-work
 rm -rf "$W" && mkdir -p "$W"
-build_tree . "$N" "$W" new "tandemd tandem tandem_cudart" -DTANDEM_CUDA_PROGRAMS=OFF \
+build_tree . "$N" "$W" new "tandemd tandem tandem_cudart tandem_opencl" -DTANDEM_CUDA_PROGRAMS=OFF \
   -DCMAKE_CXX_FLAGS="-fno-omit-frame-pointer" -DCMAKE_C_FLAGS="-fno-omit-frame-pointer" \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -DNDEBUG" -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -DNDEBUG" || exit 1
 nvcc -O2 -cudart shared -Xcompiler -fno-omit-frame-pointer -o "$W/sync_loop" $here/sync_loop.cu || exit 1
+gcc -O2 -fno-omit-frame-pointer -I.deps/include -o "$W/ocl_loop" $here/ocl_loop.c -lOpenCL || exit 1
 experiment_env "$W"
 declare -A addr
 
@@ -37,16 +43,29 @@ WORKER_ANCHORS="Executor::Run Session::HandleBatch Session::Run Session::Execute
   CudaBackend::OnDeviceSync Session::WithOutput ClientLink::Send RdmEndpoint::Next ProgressLoop cuLaunchKernel cuCtxSynchronize"
 PROGRAM_ANCHORS="cudaLaunchKernel namespace)::Launch SessionImpl::Queue ir::Put cudaDeviceSynchronize SyncDevice
   PostAndWait Completion::Wait SessionImpl::FlushLocked RdmEndpoint::Next OnMessage ProgressLoop"
+PROGRAM=sync_loop
+if [[ $API == opencl ]]; then
+  WORKER_ANCHORS="Executor::Run Session::HandleBatch Session::Run Session::Execute OpenCLBackend::OnLaunch
+    OpenCLBackend::Prepare OpenCLBackend::OnStreamSync DecodeRequest Session::WithOutput ClientLink::Send
+    RdmEndpoint::Next ProgressLoop clEnqueueNDRangeKernel clFinish"
+  PROGRAM_ANCHORS="clEnqueueNDRangeKernel EnqueueNDRangeKernel AcquireBuffer SessionImpl::Queue ir::Put clFinish
+    ocl::Finish PostAndWait Completion::Wait SessionImpl::FlushLocked RdmEndpoint::Next OnMessage ProgressLoop"
+  PROGRAM=ocl_loop
+fi
 report() {  # report NAME DATA: the flat views and the anchors' split of one recording
   local data=$2 who anchors
   echo "=== $1: samples by process"
   perf report -i "$data" --no-children --sort comm --stdio -g none 2>/dev/null | grep -v '^#' | grep -v '^$' | head -6
   # The worker is tandemd re-executed through /proc/self/exe: its comm is "exe".
-  for who in sync_loop exe; do
+  for who in $PROGRAM exe; do
     echo "=== $1: $who, self time by symbol (>= 0.5% of its samples)"
+    echo "--- by shared object"
+    perf report -i "$data" --no-children --comm $who --percentage relative --sort dso --stdio -g none \
+      --percent-limit 0.5 2>/dev/null | grep -v '^#' | grep -v '^$' | head -12
     perf report -i "$data" --no-children --comm $who --percentage relative --sort dso,sym --stdio -g none \
       --percent-limit 0.5 2>/dev/null | grep -v '^#' | grep -v '^$' | head -45 |
-      python3 $here/perf_tree.py --flat tandemd="$N/server/tandemd" libtandem-cudart.so="$(find "$N" -name libtandem-cudart.so | head -1)"
+      python3 $here/perf_tree.py --flat tandemd="$N/server/tandemd" libtandem-cudart.so="$(find "$N" -name libtandem-cudart.so | head -1)" \
+        libtandem-opencl.so="$(find "$N" -name 'libtandem-opencl.so*' -type f | head -1)"
     anchors=$PROGRAM_ANCHORS
     [[ $who == exe ]] && anchors=$WORKER_ANCHORS
     echo "=== $1: $who, split under its functions"
@@ -54,6 +73,27 @@ report() {  # report NAME DATA: the flat views and the anchors' split of one rec
     perf script -i "$data" --comm $who -F comm,tid,ip,sym,dso 2>/dev/null | python3 $here/perf_tree.py $who $anchors
   done
 }
+
+if [[ $API == opencl ]]; then
+  BURSTS=$((ROUNDS / 100))
+  echo "native async: $(OCL_ICD_VENDORS="$vendors" OCL_ICD_FILENAMES="$libs" "$W/ocl_loop" async 3000)"
+  perf record -a -g -F 4000 -o "$W/native.data" -- env LD_LIBRARY_PATH="$ORIG_LD_LIBRARY_PATH" OCL_ICD_VENDORS="$vendors" \
+    OCL_ICD_FILENAMES="$libs" "$W/ocl_loop" async "$ROUNDS" >"$W/native.txt" 2>"$W/native.err" ||
+    { echo "perf record failed: $(tail -3 "$W/native.err")"; exit 1; }
+  echo "native async, recorded ($BURSTS bursts): $(cat "$W/native.txt")"
+  report "native enqueue bursts" "$W/native.data"
+  start_server_as tcp "$N/server/tandemd" opencl "$W/tandemd-tcp.log" || exit 1
+  a=${addr[tcp]}
+  for mode in async launch; do
+    echo "tandem tcp $mode: $("$N/tools/tandem" run --servers "$a" -- "$W/ocl_loop" $mode 3000 2>&1 | grep -v '^\[tandem')"
+    perf record -a -g -F 4000 -o "$W/$mode.data" -- env LD_LIBRARY_PATH="$ORIG_LD_LIBRARY_PATH" "$N/tools/tandem" run --servers "$a" -- \
+      "$W/ocl_loop" $mode "$ROUNDS" >"$W/$mode.txt" 2>&1
+    echo "tandem tcp $mode, recorded: $(grep -v '^\[tandem' "$W/$mode.txt")"
+    report "tandem tcp $mode" "$W/$mode.data"
+  done
+  stop_tandemd "${pids[-1]}"
+  exit 0
+fi
 
 echo "native launch: $("$W/sync_loop" launch 3000)"
 perf record -a -g -F 4000 -o "$W/native.data" -- env LD_LIBRARY_PATH="$ORIG_LD_LIBRARY_PATH" "$W/sync_loop" launch "$ROUNDS" >"$W/native.txt" 2>"$W/native.err" ||
