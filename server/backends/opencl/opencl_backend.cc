@@ -204,9 +204,9 @@ Result<cl_command_queue> OpenCLBackend::DefaultQueue(uint32_t device) {
     cl_int err = CL_SUCCESS;
     cl_command_queue q = clCreateCommandQueueWithProperties(d.context.get(), d.id, props, &err);
     if (err != CL_SUCCESS) return ClError(err, "clCreateCommandQueueWithProperties", "default queue");
-    d.default_queue.reset(q);
+    d.default_queue = std::make_shared<QueueRef>(q);
   }
-  return d.default_queue.get();
+  return d.default_queue->get();
 }
 
 Status OpenCLBackend::Prepare(uint64_t stream, uint32_t device, const ir::u64s& wait, uint64_t signal, Enqueue* e) {
@@ -221,7 +221,7 @@ Status OpenCLBackend::Prepare(uint64_t stream, uint32_t device, const ir::u64s& 
     if (s.value()->device != device)
       return Status::Invalid(fmt::format("stream {:#x} is on device {}, the command's objects on device {}", stream,
                                          s.value()->device, device));
-    e->queue = s.value()->queue.get();
+    e->queue = s.value()->queue->get();
   }
   // A user event stays the client's to set: it cannot be re-bound to a command.
   if (signal != 0) {
@@ -311,28 +311,26 @@ Status OpenCLBackend::WaitOnHost(Enqueue& e) {
 }
 
 Status OpenCLBackend::FinishDevice(uint32_t device) {
-  std::vector<cl_command_queue> queues;
-  if (cl_command_queue q = devices_[device].default_queue.get()) queues.push_back(q);
+  std::vector<SharedQueue> queues;
+  if (devices_[device].default_queue) queues.push_back(devices_[device].default_queue);
   for (auto& [h, s] : streams_)
-    if (s.device == device) queues.push_back(s.queue.get());
+    if (s.device == device) queues.push_back(s.queue);
   return FinishLater(std::move(queues));
 }
 
-// The queues are retained so the wait, run later off the executor, owns what it finishes.
-// The first one's clFinish flushes it when that is the waiter's next action (FlushBeforeWait).
-Status OpenCLBackend::FinishLater(std::vector<cl_command_queue> queues) {
-  auto held = std::make_shared<std::vector<QueueRef>>();
-  for (cl_command_queue q : queues) {
-    clRetainCommandQueue(q);
-    held->emplace_back(q);
-    if (held->size() == 1)
-      FlushBeforeWait(q);
+// The wait, run later off the executor (or in place), shares the queues it finishes: a stream
+// destroyed meanwhile keeps its queue until then. The first one's clFinish flushes it when
+// that is the waiter's next action (FlushBeforeWait).
+Status OpenCLBackend::FinishLater(std::vector<SharedQueue> queues) {
+  for (size_t i = 0; i < queues.size(); ++i) {
+    if (i == 0)
+      FlushBeforeWait(queues[i]->get());
     else
-      clFlush(q);
+      clFlush(queues[i]->get());
   }
-  return ReplyLater([held] {
-    for (const QueueRef& q : *held) {
-      cl_int err = clFinish(q.get());
+  return ReplyLater([queues = std::move(queues)] {
+    for (const SharedQueue& q : queues) {
+      cl_int err = clFinish(q->get());
       if (err != CL_SUCCESS) return ClError(err, "clFinish");
     }
     return Status::Ok();

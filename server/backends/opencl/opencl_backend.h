@@ -58,6 +58,10 @@ class Ref {
 };
 using ContextRef = Ref<cl_context, clReleaseContext>;
 using QueueRef = Ref<cl_command_queue, clReleaseCommandQueue>;
+// A queue the backend's own waits share (FinishLater): a wait holds the queue through this, not
+// through clRetainCommandQueue, whose release flushes the queue: on NVIDIA's OpenCL that took
+// about 3 us of every kernel + clFinish (bench/results/2026-11-27-g.md).
+using SharedQueue = std::shared_ptr<QueueRef>;
 using MemRef = Ref<cl_mem, clReleaseMemObject>;
 using ProgramRef = Ref<cl_program, clReleaseProgram>;
 using KernelRef = Ref<cl_kernel, clReleaseKernel>;
@@ -104,11 +108,11 @@ struct Device {
   std::string name;
   std::string platform_name;
   ContextRef context;
-  QueueRef default_queue;  // stream 0: created on first use, with profiling
+  SharedQueue default_queue;  // stream 0: created on first use, with profiling
   // Server-to-server staging (opencl_async.cc): blocking host copies off the executor.
   QueueRef transfer_queue;
   // Keepalive (OnWarm): its own queue, a small scratch buffer and an empty kernel.
-  QueueRef warm_queue;
+  SharedQueue warm_queue;
   MemRef warm_scratch;
   ProgramRef warm_program;
   KernelRef warm_kernel;
@@ -141,7 +145,7 @@ struct Function {
   std::vector<std::vector<uint8_t>> last_args;
 };
 struct Stream {
-  QueueRef queue;
+  SharedQueue queue;
   uint32_t device = 0;
 };
 struct Event {
@@ -329,7 +333,7 @@ class OpenCLBackend : public Backend {
   // on device events between chunks).
   Status WaitOnHost(Enqueue& e);
   Status FinishDevice(uint32_t device);
-  Status FinishLater(std::vector<cl_command_queue> queues);
+  Status FinishLater(std::vector<SharedQueue> queues);
   void FlushBeforeWait(cl_command_queue q);
   Result<cl_mem> SubBuffer(Buffer& b, uint64_t handle, const ir::bytes& range);
 

@@ -23,7 +23,7 @@ Status OpenCLBackend::OnStreamCreate(const ir::StreamCreateReq& req, ir::StreamC
   cl_int err = CL_SUCCESS;
   cl_command_queue q = clCreateCommandQueueWithProperties(d.value()->context.get(), d.value()->id, props, &err);
   if (err != CL_SUCCESS) return ClError(err, "clCreateCommandQueueWithProperties");
-  streams_[req.stream] = Stream{QueueRef(q), static_cast<uint32_t>(req.device)};
+  streams_[req.stream] = Stream{std::make_shared<QueueRef>(q), static_cast<uint32_t>(req.device)};
   return Status::Ok();
 }
 
@@ -36,14 +36,14 @@ Status OpenCLBackend::OnStreamDestroy(const ir::StreamDestroyReq& req, ir::Strea
 
 // Stream 0 stands for every device's default queue.
 Status OpenCLBackend::OnStreamSync(const ir::StreamSyncReq& req, ir::StreamSyncRep*) {
-  std::vector<cl_command_queue> queues;
+  std::vector<SharedQueue> queues;
   if (req.stream == 0) {
     for (Device& d : devices_)
-      if (d.default_queue) queues.push_back(d.default_queue.get());
+      if (d.default_queue) queues.push_back(d.default_queue);
   } else {
     auto s = Find(streams_, req.stream, "stream");
     if (!s.ok()) return s.status();
-    queues.push_back(s.value()->queue.get());
+    queues.push_back(s.value()->queue);
   }
   return FinishLater(std::move(queues));
 }
@@ -52,14 +52,14 @@ Status OpenCLBackend::OnStreamFlush(const ir::StreamFlushReq& req, ir::StreamFlu
   if (req.stream == 0) {
     for (Device& d : devices_) {
       if (!d.default_queue) continue;
-      cl_int err = clFlush(d.default_queue.get());
+      cl_int err = clFlush(d.default_queue->get());
       if (err != CL_SUCCESS) return ClError(err, "clFlush", d.name);
     }
     return Status::Ok();
   }
   auto s = Find(streams_, req.stream, "stream");
   if (!s.ok()) return s.status();
-  cl_int err = clFlush(s.value()->queue.get());
+  cl_int err = clFlush(s.value()->queue->get());
   return err == CL_SUCCESS ? Status::Ok() : ClError(err, "clFlush");
 }
 

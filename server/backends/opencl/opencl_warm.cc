@@ -18,7 +18,7 @@ Status OpenCLBackend::OnWarm(const ir::WarmReq& req, ir::WarmRep* rep) {
   if (!d.warm_queue) {
     cl_command_queue q = clCreateCommandQueueWithProperties(d.context.get(), d.id, nullptr, &err);
     if (err != CL_SUCCESS) return ClError(err, "clCreateCommandQueueWithProperties", "keepalive queue");
-    d.warm_queue.reset(q);
+    d.warm_queue = std::make_shared<QueueRef>(q);
   }
   if ((req.what & ir::kWarmCopy) && !d.warm_scratch) {
     cl_mem m = clCreateBuffer(d.context.get(), CL_MEM_READ_WRITE, ir::kWarmMaxBytes, nullptr, &err);
@@ -36,7 +36,7 @@ Status OpenCLBackend::OnWarm(const ir::WarmReq& req, ir::WarmRep* rep) {
     if (err != CL_SUCCESS) return ClError(err, "clCreateKernel", "keepalive kernel");
     d.warm_kernel.reset(k);
   }
-  cl_command_queue q = d.warm_queue.get();
+  cl_command_queue q = d.warm_queue->get();
   const size_t n = req.data.size();
   rep->data.clear();
   // The write's source outlives the request: the wait below may run after this returns.
@@ -66,7 +66,7 @@ Status OpenCLBackend::OnWarm(const ir::WarmReq& req, ir::WarmRep* rep) {
   // reply. That thread is on every such round trip, and one that only the program's commands
   // wake is slow after a gap (the OpenCL idle read-back, H100: 4x its warm latency after
   // 20 ms while the keepalive warmed only the executor's blocking path).
-  if (!(req.what & ir::kWarmCopy) || n == 0) return FinishLater({q});
+  if (!(req.what & ir::kWarmCopy) || n == 0) return FinishLater({d.warm_queue});
   rep->data.resize(n);
   std::shared_ptr<uint8_t> slot = ReadSlot(static_cast<uint32_t>(req.device));
   cl_event read = nullptr;
