@@ -499,6 +499,10 @@ int ReplayVerdict() {
 // On stderr: the backend captures fd 1 for device printf.
 void ReplaySummary() {
   const Env* env = TheEnv();
+  if (env->dry) {
+    std::fprintf(stderr, "dry run (FUZZ_DRY): nothing reached a backend\n");
+    return;
+  }
   std::fprintf(stderr, "%llu launches and %llu writes succeeded\n", static_cast<unsigned long long>(env->launches_ok),
                static_cast<unsigned long long>(env->writes_ok));
 }

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <future>
 #include <numeric>
 #include <set>
 #include <thread>
@@ -825,6 +826,101 @@ TEST_F(OpenCLBackendTest, EventsUserEventsAndProfiling) {
   EXPECT_EQ(be_->OnEventQuery({42}, &q).code(), Code::kUnknownHandle);
   ir::StreamDestroyRep sdrep;
   EXPECT_TRUE(be_->OnStreamDestroy({40}, &sdrep).ok());
+}
+
+// A stream destroyed while its clFinish waits off the executor (the waiter thread): the wait
+// shares the queue (SharedQueue), so it goes on waiting for the queue's commands and ends when
+// they do; the stream's handle is free at once for a new queue; and the queue goes with the
+// wait. The command behind the wait waits on a user event set only after the destroy.
+TEST_F(OpenCLBackendTest, StreamDestroyedWhileItsFinishWaitsOffTheExecutor) {
+  Alloc(1, 4096);
+  Alloc(2, 4096);
+  ir::bytes data(4096);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(i * 5 + 1);
+  ASSERT_TRUE(Write(1, 0, data).ok());
+  ir::StreamCreateRep sc;
+  ASSERT_TRUE(be_->OnStreamCreate({60, 0, 0, 0}, &sc).ok());
+  ir::EventCreateRep ec;
+  ASSERT_TRUE(be_->OnEventCreate({90, 0, ir::kEventUser}, &ec).ok());
+  ir::BufferCopyRep cr;
+  ASSERT_TRUE(be_->OnBufferCopy({60, 1, 0, 2, 0, 4096, {90}, 91}, &cr).ok());
+  be_->AllowDeferredReplies(true);
+  be_->set_wait_runs_next(false);
+  ir::StreamSyncRep ss;
+  ASSERT_TRUE(be_->OnStreamSync({60}, &ss).ok());
+  auto wait = be_->TakeDeferredReply();
+  ASSERT_TRUE(wait);
+  std::promise<Status> result;
+  std::future<Status> done = result.get_future();
+  std::thread waiter([w = std::move(wait), &result]() mutable {
+    result.set_value(w());
+    w = nullptr;  // the destroyed stream's last reference goes here
+  });
+  EXPECT_EQ(done.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout) << "the wait did not block";
+  ir::StreamDestroyRep sd;
+  ASSERT_TRUE(be_->OnStreamDestroy({60}, &sd).ok());
+  ASSERT_TRUE(be_->OnStreamCreate({60, 0, 0, 0}, &sc).ok());  // the handle again: a new queue
+  EXPECT_EQ(done.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout);
+  ir::UserEventSetRep us;
+  ASSERT_TRUE(be_->OnUserEventSet({90, CL_COMPLETE}, &us).ok());
+  ASSERT_EQ(done.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  Status st = done.get();
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  waiter.join();
+  ir::EventQueryRep q;
+  ASSERT_TRUE(be_->OnEventQuery({91}, &q).ok());
+  EXPECT_EQ(q.status, CL_COMPLETE);
+  be_->AllowDeferredReplies(false);
+  EXPECT_EQ(Read(2, 0, 4096), data);
+  ir::BufferWriteRep wrep;  // the new stream 60 works
+  ASSERT_TRUE(be_->OnBufferWrite({60, 2, 0, 4, {9, 8, 7, 6}, {}, {}, 0}, &wrep).ok());
+  ASSERT_TRUE(be_->OnStreamSync({60}, &ss).ok());
+  EXPECT_EQ(Read(2, 0, 4), (ir::bytes{9, 8, 7, 6}));
+}
+
+// The backend itself goes while a deferred clFinish still runs on another thread (a worker
+// winding up): the wait holds its queue, and with it the queue's context, until it ends.
+TEST_F(OpenCLBackendTest, BackendDestroyedWhileAFinishWaitsOffTheExecutor) {
+  ASSERT_EQ(Build(70, R"CLC(
+__kernel void spin(__global int* out, int n) {
+  int x = 1;
+  for (int i = 0; i < n; ++i) x = x * 1664525 + 1013904223;
+  out[0] = x;
+})CLC")
+                .status,
+            CL_SUCCESS);
+  ir::FunctionGetRep frep;
+  ASSERT_TRUE(be_->OnFunctionGet({71, 70, "spin"}, &frep).ok());
+  Alloc(4, 64);
+  ir::StreamCreateRep sc;
+  ASSERT_TRUE(be_->OnStreamCreate({60, 0, 0, 0}, &sc).ok());
+  ir::LaunchReq spin;
+  spin.stream = 60;
+  spin.function = 71;
+  spin.dims = 1;
+  spin.grid = {1};
+  const int32_t iterations = 20'000'000;
+  const auto* n_bytes = reinterpret_cast<const uint8_t*>(&iterations);
+  spin.args = {{static_cast<uint32_t>(ir::ArgKind::kBuffer), 4, {}},
+               {static_cast<uint32_t>(ir::ArgKind::kBytes), 0, ir::bytes(n_bytes, n_bytes + 4)}};
+  ir::LaunchRep lrep;
+  ASSERT_TRUE(be_->OnLaunch(spin, &lrep).ok());
+  be_->AllowDeferredReplies(true);
+  be_->set_wait_runs_next(false);
+  ir::StreamSyncRep ss;
+  ASSERT_TRUE(be_->OnStreamSync({60}, &ss).ok());
+  auto wait = be_->TakeDeferredReply();
+  ASSERT_TRUE(wait);
+  Status st = Status(Code::kInternal, "the wait did not run");
+  std::thread waiter([w = std::move(wait), &st]() mutable {
+    st = w();
+    w = nullptr;
+  });
+  ir::StreamDestroyRep sd;
+  ASSERT_TRUE(be_->OnStreamDestroy({60}, &sd).ok());
+  be_.reset();
+  waiter.join();
+  EXPECT_TRUE(st.ok()) << st.ToString();
 }
 
 // EventTimes of a command still running waits for it rather than answering

@@ -220,15 +220,15 @@ Result<std::shared_ptr<HostBuffer>> OpenCLBackend::BulkStaging(size_t n) {
   return MappedHostMemory(devices_[0].context.get(), devices_[0].id, n, "bulk staging");
 }
 
-Result<cl_command_queue> OpenCLBackend::TransferQueue(uint32_t device) {
+Result<SharedQueue> OpenCLBackend::TransferQueue(uint32_t device) {
   Device& d = devices_[device];
   if (!d.transfer_queue) {
     cl_int err = CL_SUCCESS;
     cl_command_queue q = clCreateCommandQueueWithProperties(d.context.get(), d.id, nullptr, &err);
     if (err != CL_SUCCESS) return ClError(err, "clCreateCommandQueueWithProperties", "transfer queue");
-    d.transfer_queue.reset(q);
+    d.transfer_queue = std::make_shared<QueueRef>(q);
   }
-  return d.transfer_queue.get();
+  return d.transfer_queue;
 }
 
 // What the destination half starts with: the buffer, the command's queue and wait list, a
@@ -247,8 +247,7 @@ Result<OpenCLBackend::Staged> OpenCLBackend::Stage(uint64_t stream, uint64_t buf
   st.context = devices_[st.buffer->device].context.get();
   st.tmp = std::make_shared<MemRef>(clCreateBuffer(st.context, CL_MEM_READ_WRITE, size, nullptr, &err));
   if (err != CL_SUCCESS) return ClError(err, "clCreateBuffer", "server-to-server staging");
-  clRetainCommandQueue(tq.value());
-  st.transfer = std::make_shared<QueueRef>(tq.value());
+  st.transfer = std::move(tq).value();
   return st;
 }
 

@@ -322,6 +322,7 @@ Status OpenCLBackend::FinishDevice(uint32_t device) {
 // destroyed meanwhile keeps its queue until then. The first one's clFinish flushes it when
 // that is the waiter's next action (FlushBeforeWait).
 Status OpenCLBackend::FinishLater(std::vector<SharedQueue> queues) {
+  std::erase(queues, nullptr);  // callers pass only made queues; a null one is not waited for
   for (size_t i = 0; i < queues.size(); ++i) {
     if (i == 0)
       FlushBeforeWait(queues[i]->get());

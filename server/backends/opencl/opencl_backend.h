@@ -58,10 +58,11 @@ class Ref {
 };
 using ContextRef = Ref<cl_context, clReleaseContext>;
 using QueueRef = Ref<cl_command_queue, clReleaseCommandQueue>;
-// A queue the backend's own waits share (FinishLater): a wait holds the queue through this, not
-// through clRetainCommandQueue, whose release flushes the queue: on NVIDIA's OpenCL that took
-// about 3 us of every kernel + clFinish (bench/results/2026-11-27-g.md).
-using SharedQueue = std::shared_ptr<QueueRef>;
+// A queue the backend's own waits and transfers share (FinishLater, Staged): they hold it
+// through this, not through clRetainCommandQueue, whose release (which also flushes) took
+// about 3 us of every kernel + clFinish on NVIDIA's OpenCL, before the reply
+// (bench/results/2026-11-27-g.md). Const: nobody resets a queue a wait may still use.
+using SharedQueue = std::shared_ptr<const QueueRef>;
 using MemRef = Ref<cl_mem, clReleaseMemObject>;
 using ProgramRef = Ref<cl_program, clReleaseProgram>;
 using KernelRef = Ref<cl_kernel, clReleaseKernel>;
@@ -110,7 +111,7 @@ struct Device {
   ContextRef context;
   SharedQueue default_queue;  // stream 0: created on first use, with profiling
   // Server-to-server staging (opencl_async.cc): blocking host copies off the executor.
-  QueueRef transfer_queue;
+  SharedQueue transfer_queue;
   // Keepalive (OnWarm): its own queue, a small scratch buffer and an empty kernel.
   SharedQueue warm_queue;
   MemRef warm_scratch;
@@ -312,7 +313,7 @@ class OpenCLBackend : public Backend {
 
   // ---- enqueues (opencl_backend.cc) ----
   Result<cl_command_queue> DefaultQueue(uint32_t device);
-  Result<cl_command_queue> TransferQueue(uint32_t device);
+  Result<SharedQueue> TransferQueue(uint32_t device);
 
   // The start of an asynchronous transfer's destination half (opencl_async.cc).
   struct Staged {
@@ -320,7 +321,7 @@ class OpenCLBackend : public Backend {
     Enqueue e;                         // the command's queue, wait list and signal
     cl_context context = nullptr;
     std::shared_ptr<MemRef> tmp;       // the transfer's own device buffer
-    std::shared_ptr<QueueRef> transfer;  // the device's transfer queue
+    SharedQueue transfer;  // the device's transfer queue
   };
   Result<Staged> Stage(uint64_t stream, uint64_t buffer, uint64_t offset, uint64_t size, const ir::u64s& wait,
                        uint64_t signal);

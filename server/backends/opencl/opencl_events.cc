@@ -30,7 +30,11 @@ Status OpenCLBackend::OnStreamCreate(const ir::StreamCreateReq& req, ir::StreamC
 Status OpenCLBackend::OnStreamDestroy(const ir::StreamDestroyReq& req, ir::StreamDestroyRep*) {
   auto s = Find(streams_, req.stream, "stream");
   if (!s.ok()) return s.status();
-  streams_.erase(req.stream);  // releasing flushes; enqueued commands still complete
+  // What is enqueued on it still completes. Flushed here, as clReleaseCommandQueue would: a
+  // wait that still shares the queue (FinishLater) keeps it alive, so dropping this reference
+  // may not release it, and a command queued behind a blocked wait must not stay unsubmitted.
+  clFlush(s.value()->queue->get());
+  streams_.erase(req.stream);
   return Status::Ok();
 }
 
