@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <numeric>
 #include <set>
@@ -86,6 +87,42 @@ class OpenCLBackendTest : public ::testing::Test {
     Status st = be_->OnModuleBuild({module, options}, &rep);
     EXPECT_TRUE(st.ok()) << st.ToString();
     return rep;
+  }
+
+  // A launch of a kernel that runs for tens of milliseconds on PoCL (20 M iterations of an LCG,
+  // the result in out[0]): module 70, function 71, on the default queue; `out` is made here
+  // (64 bytes).
+  void SpinLaunch(uint64_t out, ir::LaunchReq* spin) {
+    ASSERT_EQ(Build(70, R"CLC(
+__kernel void spin(__global int* out, int n) {
+  int x = 1;
+  for (int i = 0; i < n; ++i) x = x * 1664525 + 1013904223;
+  out[0] = x;
+})CLC")
+                  .status,
+              CL_SUCCESS);
+    ir::FunctionGetRep frep;
+    ASSERT_TRUE(be_->OnFunctionGet({71, 70, "spin"}, &frep).ok());
+    Alloc(out, 64);
+    spin->function = 71;
+    spin->dims = 1;
+    spin->grid = {1};
+    const int32_t iterations = 20'000'000;
+    const auto* n_bytes = reinterpret_cast<const uint8_t*>(&iterations);
+    spin->args = {{static_cast<uint32_t>(ir::ArgKind::kBuffer), out, {}},
+                  {static_cast<uint32_t>(ir::ArgKind::kBytes), 0, ir::bytes(n_bytes, n_bytes + 4)}};
+  }
+
+  // A synchronize of `stream` whose reply is deferred (the wait not next), for the caller to
+  // run on another thread as the worker's waiter does; null if none was deferred. Leaves
+  // deferred replies allowed.
+  std::function<Status()> DeferredStreamSync(uint64_t stream) {
+    be_->AllowDeferredReplies(true);
+    be_->set_wait_runs_next(false);
+    ir::StreamSyncRep ss;
+    Status st = be_->OnStreamSync({stream}, &ss);
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    return be_->TakeDeferredReply();
   }
 
   MemoryBulk bulk_;
@@ -259,28 +296,11 @@ TEST_F(OpenCLBackendTest, WarmWithoutAFreeReadSlot) {
 // any other flush): a kernel that runs for tens of milliseconds and copies, on the default
 // queue and on a stream; and a read back sees the copied bytes.
 TEST_F(OpenCLBackendTest, WaitThatRunsNextFlushesItsOwnQueue) {
-  ASSERT_EQ(Build(70, R"CLC(
-__kernel void spin(__global int* out, int n) {
-  int x = 1;
-  for (int i = 0; i < n; ++i) x = x * 1664525 + 1013904223;
-  out[0] = x;
-})CLC")
-                .status,
-            CL_SUCCESS);
-  ir::FunctionGetRep frep;
-  ASSERT_TRUE(be_->OnFunctionGet({71, 70, "spin"}, &frep).ok());
   Alloc(1, 4096);
   Alloc(2, 4096);
   Alloc(3, 4096);
-  Alloc(4, 64);
   ir::LaunchReq spin;
-  spin.function = 71;
-  spin.dims = 1;
-  spin.grid = {1};
-  const int32_t iterations = 20'000'000;
-  const auto* n_bytes = reinterpret_cast<const uint8_t*>(&iterations);
-  spin.args = {{static_cast<uint32_t>(ir::ArgKind::kBuffer), 4, {}},
-               {static_cast<uint32_t>(ir::ArgKind::kBytes), 0, ir::bytes(n_bytes, n_bytes + 4)}};
+  ASSERT_NO_FATAL_FAILURE(SpinLaunch(4, &spin));
   ir::bytes data(4096);
   for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(i * 7 + 3);
   ASSERT_TRUE(Write(1, 0, data).ok());
@@ -844,11 +864,7 @@ TEST_F(OpenCLBackendTest, StreamDestroyedWhileItsFinishWaitsOffTheExecutor) {
   ASSERT_TRUE(be_->OnEventCreate({90, 0, ir::kEventUser}, &ec).ok());
   ir::BufferCopyRep cr;
   ASSERT_TRUE(be_->OnBufferCopy({60, 1, 0, 2, 0, 4096, {90}, 91}, &cr).ok());
-  be_->AllowDeferredReplies(true);
-  be_->set_wait_runs_next(false);
-  ir::StreamSyncRep ss;
-  ASSERT_TRUE(be_->OnStreamSync({60}, &ss).ok());
-  auto wait = be_->TakeDeferredReply();
+  auto wait = DeferredStreamSync(60);
   ASSERT_TRUE(wait);
   std::promise<Status> result;
   std::future<Status> done = result.get_future();
@@ -874,6 +890,7 @@ TEST_F(OpenCLBackendTest, StreamDestroyedWhileItsFinishWaitsOffTheExecutor) {
   EXPECT_EQ(Read(2, 0, 4096), data);
   ir::BufferWriteRep wrep;  // the new stream 60 works
   ASSERT_TRUE(be_->OnBufferWrite({60, 2, 0, 4, {9, 8, 7, 6}, {}, {}, 0}, &wrep).ok());
+  ir::StreamSyncRep ss;
   ASSERT_TRUE(be_->OnStreamSync({60}, &ss).ok());
   EXPECT_EQ(Read(2, 0, 4), (ir::bytes{9, 8, 7, 6}));
 }
@@ -881,35 +898,14 @@ TEST_F(OpenCLBackendTest, StreamDestroyedWhileItsFinishWaitsOffTheExecutor) {
 // The backend itself goes while a deferred clFinish still runs on another thread (a worker
 // winding up): the wait holds its queue, and with it the queue's context, until it ends.
 TEST_F(OpenCLBackendTest, BackendDestroyedWhileAFinishWaitsOffTheExecutor) {
-  ASSERT_EQ(Build(70, R"CLC(
-__kernel void spin(__global int* out, int n) {
-  int x = 1;
-  for (int i = 0; i < n; ++i) x = x * 1664525 + 1013904223;
-  out[0] = x;
-})CLC")
-                .status,
-            CL_SUCCESS);
-  ir::FunctionGetRep frep;
-  ASSERT_TRUE(be_->OnFunctionGet({71, 70, "spin"}, &frep).ok());
-  Alloc(4, 64);
   ir::StreamCreateRep sc;
   ASSERT_TRUE(be_->OnStreamCreate({60, 0, 0, 0}, &sc).ok());
   ir::LaunchReq spin;
+  ASSERT_NO_FATAL_FAILURE(SpinLaunch(4, &spin));
   spin.stream = 60;
-  spin.function = 71;
-  spin.dims = 1;
-  spin.grid = {1};
-  const int32_t iterations = 20'000'000;
-  const auto* n_bytes = reinterpret_cast<const uint8_t*>(&iterations);
-  spin.args = {{static_cast<uint32_t>(ir::ArgKind::kBuffer), 4, {}},
-               {static_cast<uint32_t>(ir::ArgKind::kBytes), 0, ir::bytes(n_bytes, n_bytes + 4)}};
   ir::LaunchRep lrep;
   ASSERT_TRUE(be_->OnLaunch(spin, &lrep).ok());
-  be_->AllowDeferredReplies(true);
-  be_->set_wait_runs_next(false);
-  ir::StreamSyncRep ss;
-  ASSERT_TRUE(be_->OnStreamSync({60}, &ss).ok());
-  auto wait = be_->TakeDeferredReply();
+  auto wait = DeferredStreamSync(60);
   ASSERT_TRUE(wait);
   Status st = Status(Code::kInternal, "the wait did not run");
   std::thread waiter([w = std::move(wait), &st]() mutable {
