@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "opencl_backend.h"
+#include "tandem/log.h"
 
 namespace tandem::server::opencl {
 
@@ -33,7 +34,9 @@ Status OpenCLBackend::OnStreamDestroy(const ir::StreamDestroyReq& req, ir::Strea
   // What is enqueued on it still completes. Flushed here, as clReleaseCommandQueue would: a
   // wait that still shares the queue (FinishLater) keeps it alive, so dropping this reference
   // may not release it, and a command queued behind a blocked wait must not stay unsubmitted.
-  clFlush(s.value()->queue->get());
+  if (cl_int err = clFlush(s.value()->queue->get()); err != CL_SUCCESS)
+    log::Warn("stream {:#x}: clFlush before its destroy failed ({}): what it still holds may not run", req.stream,
+              ClErrorName(err));
   streams_.erase(req.stream);
   return Status::Ok();
 }
