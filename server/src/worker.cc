@@ -64,10 +64,7 @@ void AppendAck(std::vector<uint8_t>& batch, uint64_t taken, uint64_t reply_no) {
   const std::vector<uint8_t> one = w.Finish();
   // BatchHeader: magic u32, version u16, kind u16, count u32 (at 8), bytes u32 (at 12).
   auto patch = [&](size_t at, uint32_t add) {
-    uint32_t v = 0;
-    for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(batch[at + i]) << (8 * i);
-    v += add;
-    ir::StoreLE(batch.data() + at, v);
+    ir::StoreLE(batch.data() + at, ir::LoadLE<uint32_t>(batch.data() + at) + add);
   };
   patch(8, 1);
   patch(12, static_cast<uint32_t>(one.size() - ir::kBatchHeaderSize));

@@ -25,6 +25,15 @@ void StoreLE(uint8_t* p, T v) {
   const U u = static_cast<U>(v);
   for (size_t i = 0; i < sizeof(T); ++i) p[i] = static_cast<uint8_t>(u >> (8 * i));
 }
+// Reads a T stored at p in little-endian byte order (sizeof(T) bytes).
+template <class T>
+T LoadLE(const uint8_t* p) {
+  static_assert(std::is_integral_v<T>);
+  using U = std::make_unsigned_t<T>;
+  U u = 0;
+  for (size_t i = 0; i < sizeof(T); ++i) u |= static_cast<U>(p[i]) << (8 * i);
+  return static_cast<T>(u);
+}
 
 class Writer {
  public:
@@ -55,10 +64,8 @@ class Reader {
   template <class T>
   bool GetInt(T* v) {
     if (remaining() < sizeof(T)) return Fail("truncated integer");
-    std::make_unsigned_t<T> u = 0;
-    for (size_t i = 0; i < sizeof(T); ++i) u |= static_cast<std::make_unsigned_t<T>>(p_[i]) << (8 * i);
+    *v = LoadLE<T>(p_);
     p_ += sizeof(T);
-    *v = static_cast<T>(u);
     return true;
   }
   bool GetRaw(void* dst, size_t n) {
