@@ -14,6 +14,7 @@
 
 #include "rdm_endpoint.h"
 #include "tandem/log.h"
+#include "tandem/thread_name.h"
 
 namespace tandem::fabric {
 namespace {
@@ -251,7 +252,7 @@ Status RdmEndpoint::OpenAt(const Options& options, const std::string& host, cons
   address_ = (listening_ ? host : bound_host) + ":" + std::to_string(port_);
 
   TANDEM_RETURN_IF_ERROR(PostReceives(options.recv_buffers));
-  progress_ = std::thread([this] { ProgressLoop(); });
+  progress_ = std::thread([this] { NameThisThread("tdm-progress"); ProgressLoop(); });
   log::Debug("fabric: {} endpoint {} ({}), mr_mode {:#x}, inject {} B", provider_, address_, text, mr_mode_,
              inject_size_);
   return Status::Ok();

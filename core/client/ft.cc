@@ -8,6 +8,7 @@
 #include "ft_internal.h"
 #include "stats.h"
 #include "tandem/log.h"
+#include "tandem/thread_name.h"
 
 namespace tandem::client {
 namespace {
@@ -164,7 +165,7 @@ Status GroupSession::health() const {
 
 FaultTolerance::FaultTolerance(FtConfig config, SessionSource* source)
     : config_(std::move(config)), source_(source), spares_(config_.spares.begin(), config_.spares.end()) {
-  thread_ = std::thread([this] { RecoveryLoop(); });
+  thread_ = std::thread([this] { NameThisThread("tdm-recovery"); RecoveryLoop(); });
   thread_.detach();  // lives as long as the process (the runtime is never destroyed)
   log::Info("fault tolerance: redundancy {}, {} spare server(s), checkpoint every {:.1f} s, log limit {} MiB",
             config_.redundancy, config_.spares.size(), Seconds(config_.checkpoint_period), config_.log_limit >> 20);
@@ -210,6 +211,7 @@ void FaultTolerance::PrepareStandby() {
   standby_ = standby;
   // Detached: the runtime (the source) lives as long as the process.
   std::thread([standby, source = source_] {
+    NameThisThread("tdm-standby");
     Result<SessionImpl*> opened = source->Open(standby->address);
     if (opened.ok()) log::Info("fault tolerance: {} stands by as the next spare", standby->address);
     else log::Info("fault tolerance: the next spare {} cannot stand by: {}", standby->address, opened.status().message());

@@ -23,6 +23,7 @@
 #include "stats.h"
 #include "tandem/log.h"
 #include "tandem/spin.h"
+#include "tandem/thread_name.h"
 
 namespace tandem::client {
 
@@ -160,6 +161,7 @@ class RuntimeImpl final : public Runtime, public SessionSource {
     };
     auto done = std::make_shared<Done>();
     std::thread([this, done] {
+      NameThisThread("tdm-goodbye");
       for (SessionImpl* s : Sessions()) {
         if (!s->health().ok()) continue;
         {
@@ -314,8 +316,8 @@ void RuntimeImpl::Init() {
   // late batches and pings, so a send stuck on a dead server never stops replies.
   receiving_.store(true);
   g_runtime.store(this, std::memory_order_release);
-  std::thread([this] { ReceiveLoop(); }).detach();
-  std::thread([this] { FlushLoop(); }).detach();
+  std::thread([this] { NameThisThread("tdm-receive"); ReceiveLoop(); }).detach();
+  std::thread([this] { NameThisThread("tdm-flush"); FlushLoop(); }).detach();
 
   // Fault tolerance: consecutive entries form groups of TANDEM_REDUNDANCY replicas, and each
   // group is one virtual server whose devices are its first replica's.

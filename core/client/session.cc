@@ -13,6 +13,7 @@
 #include "stats.h"
 #include "tandem/client/completion.h"
 #include "tandem/log.h"
+#include "tandem/thread_name.h"
 
 namespace tandem::client {
 namespace {
@@ -396,7 +397,7 @@ void SessionImpl::OnLinkLost(fabric::PeerId peer, const Status& why) {
   if (!session_key_) return OnLost(why);
   log::Warn("{}: link lost ({}); reconnecting to its session worker at {}", server_, why.message(), worker_address_);
   ep_->Close(peer);
-  std::thread([this, why] { Reconnect(why); }).detach();
+  std::thread([this, why] { NameThisThread("tdm-reconnect"); Reconnect(why); }).detach();
 }
 
 void SessionImpl::Trim(uint64_t executed) {

@@ -7,6 +7,7 @@
 
 #include "tandem/ir/codec.h"
 #include "tandem/log.h"
+#include "tandem/thread_name.h"
 
 namespace tandem::server {
 namespace {
@@ -287,7 +288,8 @@ Status FabricPeerLink::AwaitReleases(uint64_t transfer, uint64_t count) {
 }
 
 FabricPeerLink::FabricPeerLink(fabric::Endpoint* endpoint, fabric::Millis timeout)
-    : endpoint_(endpoint), timeout_(timeout), sender_([this] { SendLoop(); }), reader_([this] { ReadLoop(); }) {}
+    : endpoint_(endpoint), timeout_(timeout), sender_([this] { NameThisThread("tdm-peer-send"); SendLoop(); }),
+      reader_([this] { NameThisThread("tdm-peer-read"); ReadLoop(); }) {}
 
 FabricPeerLink::~FabricPeerLink() {
   {

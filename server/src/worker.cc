@@ -30,6 +30,7 @@
 #include "tandem/log.h"
 #include "tandem/server/session.h"
 #include "tandem/spin.h"
+#include "tandem/thread_name.h"
 #include "tandemd.h"
 
 namespace tandem::server {
@@ -286,7 +287,7 @@ class Waiter {
   explicit Waiter(ClientLink* link) : link_(link) {}
   void Start() {
     // Detached: a wait on a user event that is never set must not hold the process at exit.
-    std::thread([this] { Loop(); }).detach();
+    std::thread([this] { NameThisThread("tdm-waiter"); Loop(); }).detach();
   }
   // Nothing queued or running. Exact for the thread that pushes: only it adds work.
   bool Idle() const { return pending_.load() == 0; }
@@ -372,7 +373,7 @@ class Executor {
     session_->set_wake([this] { Poke(); });
     waiter_.Start();
     // Detached, like the waiter: the process ends by _exit, whichever thread receives then.
-    std::thread([this] { Work(); }).detach();
+    std::thread([this] { NameThisThread("tdm-serve"); Work(); }).detach();
   }
   // Both threads' life once the session runs (the first receiving thread calls it when it
   // gives receiving up): serving, and receiving after a take-over, until the process ends.

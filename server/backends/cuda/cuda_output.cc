@@ -11,6 +11,8 @@
 
 #include <fmt/format.h>
 
+#include "tandem/thread_name.h"
+
 namespace tandem::server::cuda {
 
 Result<std::unique_ptr<OutputCapture>> OutputCapture::Start() {
@@ -37,7 +39,10 @@ Result<std::unique_ptr<OutputCapture>> OutputCapture::Start() {
     return st;
   }
   std::unique_ptr<OutputCapture> capture(new OutputCapture(fds[0], saved));
-  capture->thread_ = std::thread([c = capture.get()] { c->Loop(); });
+  capture->thread_ = std::thread([c = capture.get()] {
+    NameThisThread("tdm-printf");
+    c->Loop();
+  });
   return capture;
 }
 

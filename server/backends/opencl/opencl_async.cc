@@ -17,6 +17,7 @@
 
 #include "opencl_backend.h"
 #include "tandem/log.h"
+#include "tandem/thread_name.h"
 
 namespace tandem::server::opencl {
 namespace {
@@ -94,8 +95,8 @@ void EventWatcher::Post(std::function<void()> fn) {
 
 void EventWatcher::Start() {
   std::call_once(started_, [this] {
-    std::thread([this] { PollLoop(); }).detach();
-    std::thread([this] { RunLoop(); }).detach();
+    std::thread([this] { NameThisThread("tdm-cl-poll"); PollLoop(); }).detach();
+    std::thread([this] { NameThisThread("tdm-cl-run"); RunLoop(); }).detach();
   });
 }
 
