@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "objects.h"
+#include "tandem/thread_name.h"
 
 namespace tandem::ocl {
 namespace {
@@ -54,7 +55,10 @@ class CallbackThread {
   void Run(std::function<void()> fn) {
     std::lock_guard lock(mu_);
     if (!started_) {
-      std::thread([this] { Loop(); }).detach();
+      std::thread([this] {
+        tandem::NameThisThread("tdm-cl-callback");
+        Loop();
+      }).detach();
       started_ = true;
     }
     queue_.push_back(std::move(fn));
@@ -88,7 +92,10 @@ class Watcher {
   void Add(cl_event e) {
     std::lock_guard lock(mu_);
     if (!started_) {
-      std::thread([this] { Loop(); }).detach();
+      std::thread([this] {
+        tandem::NameThisThread("tdm-cl-watch");
+        Loop();
+      }).detach();
       started_ = true;
     }
     watched_.emplace_back(e);

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "objects.h"
+#include "tandem/thread_name.h"
 
 namespace tandem::ocl {
 namespace {
@@ -345,6 +346,7 @@ _cl_mem::~_cl_mem() {
     run();
   } else {
     std::thread([marks = std::move(marks), run = std::move(run)] {
+      tandem::NameThisThread("tdm-cl-destruct");
       for (const Mark& m : marks) {
         // Polled, not waited for: a wait would hold the session's executor on the server, and
         // with it every later command of the program there, until the marker is done.
