@@ -223,13 +223,15 @@ Status SessionImpl::FlushLocked(std::unique_lock<std::mutex>& lock) {
   return st;
 }
 
-Status PostAndWait(Session& s, uint16_t opcode, std::vector<uint8_t> payload, std::vector<uint8_t>* reply_fields) {
+Status PostAndWait(Session& s, uint16_t opcode, std::vector<uint8_t> payload, std::vector<uint8_t>* reply_fields,
+                   std::unique_lock<std::mutex>* held) {
   // A Completion: with keepalive on, the caller looks for the reply a moment before sleeping
   // (a synchronize's wake-up from the kernel costs as much as its round trip's tail).
   auto done = std::make_shared<Completion>();
   s.PostRawAwaited(opcode, std::move(payload),
                    [done](const Status& st, std::span<const uint8_t> fields) { done->Set(st, fields); });
   s.Flush();
+  if (held) held->unlock();
   Status st = done->Wait();
   if (reply_fields) *reply_fields = std::move(done->fields());
   return st;
@@ -237,6 +239,11 @@ Status PostAndWait(Session& s, uint16_t opcode, std::vector<uint8_t> payload, st
 
 Status SessionImpl::CallRaw(uint16_t opcode, std::vector<uint8_t> payload, std::vector<uint8_t>* reply_fields) {
   return PostAndWait(*this, opcode, std::move(payload), reply_fields);
+}
+
+Status Session::CallRawReleasing(uint16_t opcode, std::vector<uint8_t> payload, std::vector<uint8_t>* reply_fields,
+                                 std::unique_lock<std::mutex>& held) {
+  return PostAndWait(*this, opcode, std::move(payload), reply_fields, &held);
 }
 
 Result<std::unique_ptr<fabric::MemoryRegion>> SessionImpl::Register(const void* addr, size_t len,

@@ -18,8 +18,10 @@ namespace tandem::client {
 using Clock = std::chrono::steady_clock;
 
 // Posts a command with a reply function, flushes, and waits for the reply (every
-// Session's CallRaw).
-Status PostAndWait(Session& s, uint16_t opcode, std::vector<uint8_t> payload, std::vector<uint8_t>* reply_fields);
+// Session's CallRaw, and Session::CallRawReleasing, which passes `held`: unlocked once the
+// command is flushed, before the wait).
+Status PostAndWait(Session& s, uint16_t opcode, std::vector<uint8_t> payload, std::vector<uint8_t>* reply_fields,
+                   std::unique_lock<std::mutex>* held = nullptr);
 
 // A fresh random transfer id for a server-to-server copy (a capability: whoever knows it
 // may pull the bytes from the source worker).

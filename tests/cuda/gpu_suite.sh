@@ -5,7 +5,8 @@
 # through Tandem with the real CUDA libraries hidden from it (no libcudart, no libcuda, empty
 # LD_LIBRARY_PATH), as on a client with no CUDA installed. Exit 77 (skip) without a GPU.
 # Programs named multi_* run through two tandemd (device 0 of each), natively on the GPUs there are;
-# symbols and callbacks run once more with TANDEM_REDUNDANCY=2 on the two servers.
+# symbols and callbacks run once more with TANDEM_REDUNDANCY=2 on the two servers, and callbacks
+# with TANDEM_TEST_CALLBACK_GAP_US, alone and under redundancy.
 set -u -o pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib/tandemd.sh"
 tandemd=$1 lib=$2; shift 2
@@ -100,16 +101,29 @@ done
 # symbols lie at the same device address on both), and callbacks (host callbacks are user
 # events the client sets once they ran; a read back while one was unset took the first
 # checkpoint, whose synchronize waited for it: the program hung).
+# callbacks again with TANDEM_TEST_CALLBACK_GAP_US, alone and under redundancy: a synchronize
+# then sleeps between waiting for the callbacks and its post, which a callback another thread
+# queues meanwhile would take (the synchronize, posted behind its gate, blocked the server's
+# session and the callback's queries with it: the program hung, 2026-11-28).
+# variant NAME PROG ENV...: PROG through Tandem with ENV, against its native output.
+variant() {
+  local name=$1 prog=$2 base
+  shift 2
+  base=$(basename "$prog")
+  cp "$work/$base.native.out" "$work/$name.native.out"
+  cp "$work/$base.native.rc" "$work/$name.native.rc"
+  env LD_PRELOAD="$lib" "$@" timeout -k 5 "$RUN_TIMEOUT" "$prog" >"$work/$name.tandem.out" 2>"$work/$name.tandem.err"
+  echo $? >"$work/$name.tandem.rc"
+  compare "$name"
+}
 for prog in "${programs[@]}"; do
   base=$(basename "$prog")
   [[ $base == symbols || $base == callbacks ]] || continue
-  name=$base-redundancy2
-  cp "$work/$base.native.out" "$work/$name.native.out"
-  cp "$work/$base.native.rc" "$work/$name.native.rc"
-  LD_PRELOAD=$lib TANDEM_SERVERS=$SERVER,$SERVER2 TANDEM_REDUNDANCY=2 timeout -k 5 "$RUN_TIMEOUT" "$prog" \
-    >"$work/$name.tandem.out" 2>"$work/$name.tandem.err"
-  echo $? >"$work/$name.tandem.rc"
-  compare "$name"
+  variant "$base-redundancy2" "$prog" TANDEM_SERVERS="$SERVER,$SERVER2" TANDEM_REDUNDANCY=2
+  [[ $base == callbacks ]] || continue
+  variant "$base-gap" "$prog" TANDEM_SERVERS="$SERVER" TANDEM_TEST_CALLBACK_GAP_US=300
+  variant "$base-gap-redundancy2" "$prog" TANDEM_SERVERS="$SERVER,$SERVER2" TANDEM_REDUNDANCY=2 \
+    TANDEM_TEST_CALLBACK_GAP_US=300
 done
 
 # A client with no CUDA at all: in a private mount namespace, empty folders over the toolkit's

@@ -375,4 +375,12 @@ void Frontend::WaitCallbacks() {
   pending_cv_.wait(lock, [&] { return callbacks_ == 0; });
 }
 
+void Frontend::CallbackGapForTests() {
+  static const long gap_us = [] {
+    const char* v = std::getenv("TANDEM_TEST_CALLBACK_GAP_US");
+    return v ? std::strtol(v, nullptr, 10) : 0L;
+  }();
+  if (gap_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(gap_us));
+}
+
 }  // namespace tandem::cuda

@@ -146,13 +146,12 @@ void FillProperties(const DeviceContext& d, cudaDeviceProp* p) {
 // wrong asynchronously. Streams other threads destroy meanwhile need no care.
 cudaError_t SyncDevice(DeviceContext& d) {
   Frontend& f = Frontend::Get();
-  f.WaitCallbacks();
   uint64_t freed = 0;  // what cudaFreeAsync gave back before this synchronize
   {
     std::lock_guard<std::mutex> lock(f.mu);
     freed = f.freed_async_count;
   }
-  Status st = d.session().Call(ir::DeviceSyncReq{.device = d.remote()}).status();
+  Status st = f.CallAfterCallbacks(d.session(), ir::DeviceSyncReq{.device = d.remote()}).status();
   if (st.ok()) {
     std::lock_guard<std::mutex> lock(f.mu);
     ReleaseFreedAsync(d.index, std::nullopt, freed);
@@ -277,8 +276,7 @@ TANDEM_API cudaError_t cudaDeviceReset() {
   std::lock_guard<std::mutex> lock(f.mu);
   DeviceContext* d = nullptr;
   TANDEM_RETURN_CUDA_IF_ERROR(Return(f.Current(&d)));
-  f.WaitCallbacks();
-  auto rep = d->session().Call(ir::DeviceResetReq{.device = d->remote()});
+  auto rep = f.CallAfterCallbacks(d->session(), ir::DeviceResetReq{.device = d->remote()});
   d->session().TakeAsyncErrors();
   // This device's own allocations are gone on the server and forgotten below; frees of other
   // devices' memory made on this device's streams are past now, and given back.
@@ -372,9 +370,8 @@ TANDEM_API cudaError_t cudaDeviceSetLimit(cudaLimit limit, size_t value) {
     if (d->sticky != cudaSuccess) return Return(d->sticky);
   }
   // Setting the stack size waits for the device's work, which a host callback's gate may hold.
-  f.WaitCallbacks();
-  auto rep = d->session().Call(
-      ir::DeviceSetLimitReq{.device = d->remote(), .limit = static_cast<uint32_t>(limit), .value = value});
+  auto rep = f.CallAfterCallbacks(
+      d->session(), ir::DeviceSetLimitReq{.device = d->remote(), .limit = static_cast<uint32_t>(limit), .value = value});
   return rep.ok() ? cudaSuccess : Return(ToCuda(rep.status()));
 }
 

@@ -302,7 +302,8 @@ class Frontend {
   // Taken across posting a copy that has a ticket (from WaitCallbacks to its post), and across
   // posting a host callback's gate with the last ticket it waits for, after mu: a copy the
   // callback waits for is then always posted before the gate, never behind it, where the
-  // callback and the copy would wait for each other.
+  // callback and the copy would wait for each other. Also from WaitCallbacks to the post of
+  // every command that may block on the server (AfterCallbacks).
   std::mutex post_order;
 
   // Host callbacks not yet run. tandemd runs a session's commands one at a time, and a
@@ -311,8 +312,32 @@ class Frontend {
   void BeginCallback();
   void EndCallback();
   void WaitCallbacks();
+  // post_order, taken once the host callbacks queued so far have run: what the caller posts
+  // before releasing it cannot land behind a callback's gate (AddCallback posts its gate under
+  // post_order), where a command that blocks on the server (a synchronize, an event wait, a
+  // free that waits for the device, a read) would hold the server's session while the
+  // callback's own queries wait behind it: both for ever. Callbacks must not call CUDA, as in
+  // CUDA: one that did could wait for a thread that waits here. The caller may hold mu
+  // (taken before post_order), not post_order.
+  [[nodiscard]] std::unique_lock<std::mutex> AfterCallbacks() {
+    std::unique_lock<std::mutex> order(post_order);
+    WaitCallbacks();
+    CallbackGapForTests();
+    return order;
+  }
+  // A command that may block on the server, posted under AfterCallbacks; post_order is
+  // released once it is posted, before its reply is waited for.
+  template <class Req>
+  Result<typename Req::Reply> CallAfterCallbacks(client::Session& session, const Req& req) {
+    std::unique_lock<std::mutex> order = AfterCallbacks();
+    return session.Call(req, order);
+  }
 
  private:
+  // TANDEM_TEST_CALLBACK_GAP_US (tests only): AfterCallbacks sleeps this long between the
+  // callbacks' end and its return, widening the window another thread's callback would take
+  // if post_order did not keep it out.
+  void CallbackGapForTests();
   cudaError_t Connect();
   cudaError_t SetUp(DeviceContext& d);
 

@@ -96,8 +96,7 @@ cudaError_t Read(const Target& t, uint64_t address, void* dst, size_t n, bool as
   auto done = async ? nullptr : std::make_shared<Done>();
   Status posted;
   {
-    std::lock_guard<std::mutex> order(f.post_order);
-    f.WaitCallbacks();  // the server waits for the stream to read
+    std::unique_lock<std::mutex> order = f.AfterCallbacks();  // the server waits for the stream to read
     auto finish = Finish(done, async ? f.BeginPending(t.stream) : 0);
     if (pinned) {
       req.remote = RegionOf(*pinned, dst, n);
@@ -165,6 +164,9 @@ cudaError_t Copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cuda
                            .wait = dev->ForeignWaits(t.stream, &sdev->session())};
       client::CopyEnd to{.session = t.session, .stream = t.stream, .buffer = 0, .offset = d.ptr.address};
       lock.unlock();
+      // The source server reads its stream (a large copy waits for it there; a relay reads
+      // back synchronously): not behind a host callback's gate.
+      std::unique_lock<std::mutex> order = f.AfterCallbacks();
       return ToCuda(client::CopyBetweenServers(from, to, n, 0));
     }
     // Two devices of one server: staged through the client.

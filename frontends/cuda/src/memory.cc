@@ -58,7 +58,8 @@ DeviceContext* OwnerOf(uint64_t address) {
 }
 
 // Gives an allocation's addresses back: small ones to their chunk (kept for reuse), large ones
-// unmapped on the server. The caller knows no work still uses it. Needs mu.
+// unmapped on the server, whose free waits for the device (so not behind a host callback's
+// gate: AfterCallbacks). The caller knows no work still uses it. Needs mu.
 cudaError_t FreeNow(DeviceContext& d, uint64_t a) {
   Frontend& f = Frontend::Get();
   if (auto p = f.pooled.find(a); p != f.pooled.end()) Unpool(p);  // a stream-ordered allocation
@@ -69,7 +70,10 @@ cudaError_t FreeNow(DeviceContext& d, uint64_t a) {
   }
   auto it = d.allocations.find(a);
   if (it == d.allocations.end() || it->second.chunk) return cudaErrorInvalidValue;
-  d.session().Post(ir::BufferFreeReq{.buffer = it->second.handle});
+  {
+    std::unique_lock<std::mutex> order = f.AfterCallbacks();
+    d.session().Post(ir::BufferFreeReq{.buffer = it->second.handle});
+  }
   d.va->Free(a, it->second.size);
   d.allocated -= it->second.size;
   d.allocations.erase(it);
@@ -116,14 +120,13 @@ cudaError_t AllocateOrSync(std::unique_lock<std::mutex>& lock, DeviceContext& d,
     if (DeviceContext* sd = f.Existing(i)) sync.push_back(sd);
   lock.unlock();
   // Each device's asynchronous errors stay for its own next synchronize: only the frees matter.
-  f.WaitCallbacks();
   for (DeviceContext* sd : sync) {
     uint64_t freed = 0;
     {
       std::lock_guard<std::mutex> l(f.mu);
       freed = f.freed_async_count;
     }
-    if (!sd->session().Call(ir::DeviceSyncReq{.device = sd->remote()}).ok()) continue;
+    if (!f.CallAfterCallbacks(sd->session(), ir::DeviceSyncReq{.device = sd->remote()}).ok()) continue;
     std::lock_guard<std::mutex> l(f.mu);
     ReleaseFreedAsync(sd->index, std::nullopt, freed);
   }

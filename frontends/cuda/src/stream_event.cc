@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "frontend.h"
+#include "tandem/thread_name.h"
 
 namespace tandem::cuda {
 
@@ -37,7 +38,10 @@ class CallbackQueue : public std::enable_shared_from_this<CallbackQueue> {
   static std::shared_ptr<CallbackQueue> Start() {
     client::NoteHelperThreads();  // it posts, and the program's callbacks may call CUDA
     auto q = std::make_shared<CallbackQueue>();
-    std::thread([q] { q->Run(); }).detach();
+    std::thread([q] {
+      NameThisThread("tdm-callbacks");
+      q->Run();
+    }).detach();
     return q;
   }
 
@@ -264,20 +268,16 @@ TANDEM_API cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   Frontend& f = Frontend::Get();
   DeviceContext* d = nullptr;
   StreamRef s;
+  uint64_t freed = 0;  // what cudaFreeAsync gave back before this synchronize
   {
     std::lock_guard<std::mutex> lock(f.mu);
     if (Capture* c = CaptureOf(stream)) return Return(Invalidate(*c));  // as CUDA: it would wait for nothing
     TANDEM_RETURN_CUDA_IF_ERROR(Return(StreamTarget(stream, &d, &s)));
     if (d->sticky != cudaSuccess) return Return(d->sticky);
-  }
-  f.WaitCallbacks();
-  uint64_t freed = 0;  // what cudaFreeAsync gave back before this synchronize
-  {
-    std::lock_guard<std::mutex> lock(f.mu);
     freed = f.freed_async_count;
   }
   // Stream 0 is the legacy default stream, which orders after every blocking stream.
-  Status st = d->session().Call(ir::StreamSyncReq{.stream = s.handle}).status();
+  Status st = f.CallAfterCallbacks(d->session(), ir::StreamSyncReq{.stream = s.handle}).status();
   if (st.ok()) {
     std::lock_guard<std::mutex> lock(f.mu);
     ReleaseFreedAsync(d->index, s.handle, freed);
@@ -346,7 +346,7 @@ TANDEM_API cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t even
       client::Session& from = ed->session();
       const uint64_t handle = ev.handle;
       lock.unlock();
-      return Return(ToCuda(from.Call(ir::EventWaitReq{.events = {handle}}).status()));
+      return Return(ToCuda(f.CallAfterCallbacks(from, ir::EventWaitReq{.events = {handle}}).status()));
     }
   }
   d->session().Post(ir::MarkerReq{.stream = s.handle, .barrier = 0, .wait = {wait}, .signal = 0});
@@ -480,8 +480,7 @@ TANDEM_API cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   bool recorded = false;
   TANDEM_RETURN_CUDA_IF_ERROR(Return(FindEvent(event, &handle, &d, &recorded)));
   if (!recorded) return cudaSuccess;
-  Frontend::Get().WaitCallbacks();
-  auto rep = d->session().Call(ir::EventWaitReq{.events = {handle}});
+  auto rep = Frontend::Get().CallAfterCallbacks(d->session(), ir::EventWaitReq{.events = {handle}});
   Status st = rep.status();
   cudaError_t e = FinishSync(*d, st);
   if (e == cudaSuccess && rep.ok() && rep->statuses.size() == 1) e = EventStatusToCuda(rep->statuses[0]);

@@ -1,8 +1,10 @@
 // Host callbacks (cudaStreamAddCallback, cudaLaunchHostFunc) run in stream order, after the
 // work queued before them, including an asynchronous copy back to host memory: on their own
 // stream, and on the legacy default stream before a callback on a blocking stream. Then one
-// thread reads back on the default stream while another queues callbacks there.
+// thread reads back on the default stream while another queues callbacks there, and one
+// synchronizes (stream, event, device) while another queues callbacks one at a time.
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <mutex>
 #include <thread>
@@ -50,6 +52,21 @@ int ReadBackLoop(const int* d, int n, int rounds) {
   return 0;
 }
 
+// Synchronizes the default stream, an event recorded there and the device, in a loop until
+// `stop`; 0 or why not.
+int SyncLoop(const std::atomic<bool>& stop) {
+  cudaEvent_t e;
+  CHECK(cudaEventCreate(&e));
+  while (!stop.load()) {
+    CHECK(cudaStreamSynchronize(0));
+    CHECK(cudaEventRecord(e, 0));
+    CHECK(cudaEventSynchronize(e));
+    CHECK(cudaDeviceSynchronize());
+  }
+  CHECK(cudaEventDestroy(e));
+  return 0;
+}
+
 void CUDART_CB stream_cb(cudaStream_t, cudaError_t status, void* data) {
   if (status != cudaSuccess) bad++;
   record(static_cast<const Step*>(data));
@@ -94,8 +111,27 @@ int main() {
   CHECK(cudaDeviceSynchronize());
   printf("callbacks beside a reading thread: %d of %d, reads failed: %d, wrong data: %d\n", ran.load(), rounds,
          reader_failed, bad.load());
+  // A synchronize waits for the callbacks queued before it. Through Tandem, one queued by
+  // another thread just after that wait must not get ahead of the synchronize on the server:
+  // its gate would hold the stream the synchronize blocks on, while the callback's own
+  // queries wait behind the synchronize (TANDEM_TEST_CALLBACK_GAP_US widens that window).
+  const int spaced = 100;
+  std::atomic<int> ran_spaced{0};
+  std::atomic<bool> stop{false};
+  int syncer_failed = 0;
+  std::thread syncer([&] { syncer_failed = SyncLoop(stop); });
+  for (int i = 0; i < spaced; ++i) {
+    CHECK(cudaLaunchHostFunc(0, count_fn, &ran_spaced));
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  stop = true;
+  syncer.join();
+  CHECK(cudaDeviceSynchronize());
+  printf("callbacks beside a synchronizing thread: %d of %d, synchronizes failed: %d\n", ran_spaced.load(), spaced,
+         syncer_failed);
   CHECK(cudaStreamDestroy(s));
   CHECK(cudaFree(d));
   CHECK(cudaFreeHost(h));
-  return bad.load() != 0 || order.size() != 6 || ran.load() != rounds || reader_failed != 0;
+  return bad.load() != 0 || order.size() != 6 || ran.load() != rounds || reader_failed != 0 ||
+         ran_spaced.load() != spaced || syncer_failed != 0;
 }

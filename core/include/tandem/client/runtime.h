@@ -15,6 +15,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -78,6 +79,12 @@ class Session {
   // Flushes, then waits for the reply to `seq` (which must have been posted with a reply fn
   // by CallRaw). Used by Call().
   virtual Status CallRaw(uint16_t opcode, std::vector<uint8_t> payload, std::vector<uint8_t>* reply_fields) = 0;
+  // CallRaw (as every session's, PostAndWait), unlocking `held`, which must be locked, once
+  // the command is posted and flushed, before waiting for its reply: nothing that other
+  // threads post under `held` can come between what this thread did under it and the
+  // command, and they need not wait for the reply.
+  Status CallRawReleasing(uint16_t opcode, std::vector<uint8_t> payload, std::vector<uint8_t>* reply_fields,
+                          std::unique_lock<std::mutex>& held);
 
   // Registers client memory so the server can reach it by RMA (nullptr result if the
   // transport has no RMA: callers then send data inline in pieces).
@@ -106,13 +113,25 @@ class Session {
   Result<typename Req::Reply> Call(const Req& req) {
     std::vector<uint8_t> fields;
     Status st = CallRaw(static_cast<uint16_t>(Req::kOpcode), ir::Encode(req), &fields);
+    return Replied<Req>(st, fields);
+  }
+  // Call, unlocking `held` once the command is posted (CallRawReleasing).
+  template <class Req>
+  Result<typename Req::Reply> Call(const Req& req, std::unique_lock<std::mutex>& held) {
+    std::vector<uint8_t> fields;
+    Status st = CallRawReleasing(static_cast<uint16_t>(Req::kOpcode), ir::Encode(req), &fields, held);
+    return Replied<Req>(st, fields);
+  }
+
+ private:
+  // A call's outcome: its error, or its reply decoded from its fields.
+  template <class Req>
+  static Result<typename Req::Reply> Replied(const Status& st, std::span<const uint8_t> fields) {
     if (!st.ok()) return st;
     typename Req::Reply rep{};
     TANDEM_RETURN_IF_ERROR(Decode<Req>(fields, &rep));
     return rep;
   }
-
- private:
   // Req's reply from its fields: all of them, and nothing after (kProtocol otherwise).
   template <class Req>
   static Status Decode(std::span<const uint8_t> fields, typename Req::Reply* rep) {
