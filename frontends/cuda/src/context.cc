@@ -276,7 +276,11 @@ void ForgetFatBinary(const FatBinary* fb) {
     if (shared) continue;
     auto m = d->modules.find(key);
     if (m == d->modules.end()) continue;
-    if (tell_server) d->session().Post(ir::ModuleFreeReq{.module = m->second});
+    if (tell_server) {
+      // The driver's unload may wait for the module's work, which a host callback's gate may hold.
+      std::unique_lock<std::mutex> order = f.AfterCallbacks();
+      d->session().Post(ir::ModuleFreeReq{.module = m->second});
+    }
     d->modules.erase(m);
   }
 }
