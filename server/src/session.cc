@@ -800,21 +800,40 @@ Status Session::Execute(const ir::EventQueryReq& req, ir::EventQueryRep* rep) {
   return backend_->OnEventQuery(req, rep);
 }
 
-// Failed events answer from the session; the others are waited for by the backend.
+// Failed events answer from the session; the others are waited for by the backend, which
+// may wait off the executor (OpenCL: ReplyLater) and answer once done: the statuses are
+// merged after its wait, which this then wraps.
 Status Session::Execute(const ir::EventWaitReq& req, ir::EventWaitRep* rep) {
   ir::EventWaitReq live;
-  for (uint64_t e : req.events)
-    if (!failed_events_.contains(e)) live.events.push_back(e);
-  ir::EventWaitRep live_rep;
-  if (!live.events.empty()) TANDEM_RETURN_IF_ERROR(backend_->OnEventWait(live, &live_rep));
-  if (live_rep.statuses.size() != live.events.size())
-    return Status(Code::kInternal, "the backend answered EventWait with the wrong number of statuses");
-  size_t next = 0;
+  std::vector<std::optional<int32_t>> failed;  // per event of the request: its failure, if any
   for (uint64_t e : req.events) {
     auto it = failed_events_.find(e);
-    rep->statuses.push_back(it != failed_events_.end() ? it->second.event_status : live_rep.statuses[next++]);
+    failed.push_back(it == failed_events_.end() ? std::nullopt : std::optional<int32_t>(it->second.event_status));
+    if (!failed.back()) live.events.push_back(e);
   }
-  return Status::Ok();
+  auto live_rep = std::make_shared<ir::EventWaitRep>();
+  if (!live.events.empty()) {
+    Status st = backend_->OnEventWait(live, live_rep.get());
+    if (!st.ok()) {
+      backend_->TakeDeferredReply();  // a wait it deferred before failing answers nobody now
+      return st;
+    }
+  }
+  auto merge = [failed = std::move(failed), live_rep, rep, n = live.events.size()] {
+    if (live_rep->statuses.size() != n)
+      return Status(Code::kInternal, "the backend answered EventWait with the wrong number of statuses");
+    size_t next = 0;
+    for (const std::optional<int32_t>& f : failed) rep->statuses.push_back(f ? *f : live_rep->statuses[next++]);
+    return Status::Ok();
+  };
+  if (auto wait = backend_->TakeDeferredReply()) {
+    backend_->DeferReply([wait = std::move(wait), merge = std::move(merge)] {
+      TANDEM_RETURN_IF_ERROR(wait());
+      return merge();
+    });
+    return Status::Ok();
+  }
+  return merge();
 }
 
 // A failed event may never have reached the backend; destroying it only forgets it.

@@ -279,6 +279,14 @@ class DeferringBackend : public test::MemoryBackend {
     });
   }
   bool EnqueuedCompleteAlone() const override { return alone; }
+  // An event wait deferred as OpenCL's is: every event answers 0 once the wait runs.
+  Status OnEventWait(const ir::EventWaitReq& req, ir::EventWaitRep* rep) override {
+    return ReplyLater([this, n = req.events.size(), rep] {
+      ++waits_run;
+      rep->statuses.assign(n, 0);
+      return wait_status;
+    });
+  }
 };
 
 // Only the last command of a batch, with no late reply before it and the waiter idle, is
@@ -464,6 +472,36 @@ std::vector<uint8_t> Bytes(std::initializer_list<std::pair<int, uint8_t>> runs) 
   std::vector<uint8_t> v;
   for (auto [n, b] : runs) v.insert(v.end(), n, b);
   return v;
+}
+
+// An event wait the backend defers, over events some of which failed in the session: the
+// failed ones answer from the session, in their places, once the backend's wait has run.
+TEST(SessionEventWait, FailedEventsMergeIntoADeferredWaitsReply) {
+  DeferringBackend backend;
+  Session session(&backend, kKey, /*defer_replies=*/true);
+  ir::BatchWriter w(ir::BatchKind::kRequests);
+  w.AddRequest(ir::AttachReq{kKey}, 1);
+  w.AddRequest(ir::BufferAllocReq{1, 0, 16, 0, 0}, 2);
+  w.AddRequest(ir::BufferWriteReq{0, 1, 0, 4, {1, 2, 3, 4}, {}, {}, 40}, 3);   // ok: event 40
+  w.AddRequest(ir::BufferWriteReq{0, 1, 14, 4, {1, 2, 3, 4}, {}, {}, 41}, 4);  // fails: event 41
+  w.AddRequest(ir::EventWaitReq{{41, 40, 41}}, 5);
+  BatchOutcome out = session.HandleBatch(w.Finish());
+  ASSERT_EQ(out.late.size(), 1u);  // not attached before this batch: never in place
+  EXPECT_EQ(backend.waits_run, 0);
+  const std::vector<uint8_t> batch = out.late[0]();
+  EXPECT_EQ(backend.waits_run, 1);
+  std::vector<ir::Record> records;
+  ASSERT_TRUE(ir::ParseBatch(batch, ir::BatchKind::kReplies, &records).ok());
+  ASSERT_EQ(records.size(), 1u);
+  EXPECT_EQ(records[0].header.seq, 5u);
+  ir::ReplyHead head;
+  ir::EventWaitRep rep;
+  ASSERT_TRUE(ir::DecodeReply(records[0].payload, &head, &rep).ok());
+  ASSERT_TRUE(head.status.ok());
+  ASSERT_EQ(rep.statuses.size(), 3u);
+  EXPECT_LT(rep.statuses[0], 0);
+  EXPECT_EQ(rep.statuses[1], 0);
+  EXPECT_LT(rep.statuses[2], 0);
 }
 
 }  // namespace

@@ -159,27 +159,48 @@ Status OpenCLBackend::OnEventQuery(const ir::EventQueryReq& req, ir::EventQueryR
 }
 
 // Waits for each event in turn; a failed command is its (negative) status, not an error.
+// The wait runs off the executor (ReplyLater), as a finish does: an event may wait for a user
+// event that is set only once a later command of the session has been answered (an event
+// query that lets the program's callback run, a call of another thread), or that is failed
+// in order by the executor. Where nothing can need the executor, the session runs it in place.
 Status OpenCLBackend::OnEventWait(const ir::EventWaitReq& req, ir::EventWaitRep* rep) {
-  std::vector<cl_event> events;
+  std::vector<std::shared_ptr<EventRef>> events;  // null: never signalled, complete
+  bool first = true;  // the first queue waited on is flushed by its wait if that runs next
   for (uint64_t h : req.events) {
     auto ev = Find(events_, h, "event");
     if (!ev.ok()) return ev.status();
-    events.push_back(ev.value()->event.get());
-  }
-  for (cl_event ce : events) {
-    if (!ce) {
-      rep->statuses.push_back(CL_COMPLETE);
-      continue;
+    cl_event ce = ev.value()->event.get();
+    if (ce && clRetainEvent(ce) != CL_SUCCESS) return ClError(CL_INVALID_EVENT, "clRetainEvent", fmt::format("event {:#x}", h));
+    events.push_back(ce ? std::make_shared<EventRef>(ce) : nullptr);
+    // Every queue is flushed, but the first one's when its wait runs next (FlushBeforeWait,
+    // as FinishLater): the waiter may block on one event while another's queue, which it
+    // waits for, would otherwise stay unsubmitted.
+    cl_command_queue q = nullptr;
+    if (ce && clGetEventInfo(ce, CL_EVENT_COMMAND_QUEUE, sizeof q, &q, nullptr) == CL_SUCCESS && q) {
+      if (first)
+        FlushBeforeWait(q);
+      else
+        clFlush(q);
+      first = false;
     }
-    cl_int err = clWaitForEvents(1, &ce);
-    if (err != CL_SUCCESS && err != CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST)
-      return ClError(err, "clWaitForEvents");
-    cl_int st = 0;
-    err = clGetEventInfo(ce, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof(st), &st, nullptr);
-    if (err != CL_SUCCESS) return ClError(err, "clGetEventInfo(CL_EVENT_COMMAND_EXECUTION_STATUS)");
-    rep->statuses.push_back(st);
   }
-  return Status::Ok();
+  return ReplyLater([events = std::move(events), rep] {
+    for (const auto& ev : events) {
+      if (!ev) {
+        rep->statuses.push_back(CL_COMPLETE);
+        continue;
+      }
+      cl_event ce = ev->get();
+      cl_int err = clWaitForEvents(1, &ce);
+      if (err != CL_SUCCESS && err != CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST)
+        return ClError(err, "clWaitForEvents");
+      cl_int st = 0;
+      err = clGetEventInfo(ce, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof(st), &st, nullptr);
+      if (err != CL_SUCCESS) return ClError(err, "clGetEventInfo(CL_EVENT_COMMAND_EXECUTION_STATUS)");
+      rep->statuses.push_back(st);
+    }
+    return Status::Ok();
+  });
 }
 
 Status OpenCLBackend::OnEventTimes(const ir::EventTimesReq& req, ir::EventTimesRep* rep) {

@@ -96,6 +96,8 @@ class Backend {
   // handle tables: it captures what it needs.
   void AllowDeferredReplies(bool allow) { defer_allowed_ = allow; }
   std::function<Status()> TakeDeferredReply() { return std::exchange(deferred_reply_, nullptr); }
+  // Puts back a deferred wait the session took and wrapped (its own work after the backend's).
+  void DeferReply(std::function<Status()> wait) { deferred_reply_ = std::move(wait); }
   // Set by the session before each command: true when a reply the command defers is the next
   // thing that runs after it, with nothing run on the executor in between: the last command of
   // its batch, no reply deferred before it in the batch, and the session's waiter idle (or the
