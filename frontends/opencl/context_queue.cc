@@ -194,15 +194,17 @@ cl_int Flush(cl_command_queue q) {
   return ToCl(st, "clFlush");
 }
 
-// Waits for the stream, then for reads whose data is still on its way to host memory; answers
-// a failure of the queue's that no event carried (RouteAsyncErrors).
+// Waits for the stream, then for reads begun before it whose data is still on its way to host
+// memory (not for those other threads begin meanwhile: one may wait for a user event that is
+// set once this returns); answers a failure of the queue's that no event carried
+// (RouteAsyncErrors).
 cl_int Finish(cl_command_queue q) {
   if (!Valid(q)) return CL_INVALID_COMMAND_QUEUE;
   Held<_cl_command_queue> hold(q);
+  const uint64_t reads_before = q->ReadsBegun();
   auto r = CallOn(q->session(), ir::StreamSyncReq{q->stream});
   if (!r.ok()) return ToCl(r.status(), "clFinish");
-  std::unique_lock lock(q->mu);
-  q->cv.wait(lock, [&] { return q->host_open.empty(); });
+  q->WaitForReadsBefore(reads_before);
   return TakeUnclaimedFailure(q);
 }
 

@@ -297,7 +297,14 @@ cl_int WaitEvents(const std::vector<cl_event>& events) {
   return CL_SUCCESS;
 }
 
+// Taken and noted for their queues as one step: a thread whose clFinish or blocking read came
+// after these errors (its reply arrived after theirs, or carried them for an earlier reply
+// that has not come) routes, then asks for its queue's failure (TakeUnclaimedFailure), and
+// must not do so while another thread holds them between the two. Event callbacks run on
+// their own thread (RunCallback), so none runs under the lock.
 void RouteAsyncErrors(client::Session& s) {
+  static std::mutex* route_mu = new std::mutex;
+  std::lock_guard route(*route_mu);
   for (const ir::AsyncError& err : s.TakeAsyncErrors()) {
     Status st(static_cast<Code>(err.code), err.message, err.native, static_cast<Api>(err.api));
     std::string_view command = ir::CommandName(static_cast<uint16_t>(err.opcode));

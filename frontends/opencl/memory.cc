@@ -330,10 +330,7 @@ _cl_mem::~_cl_mem() {
     Mark m{Held<_cl_command_queue>(q), tandem::client::Runtime::Get().NewHandle(), 0};
     q->Unhold();  // TryHoldLive's: m.q holds it now
     if (q->stream != stream) continue;  // another queue at a dead one's address
-    {
-      std::lock_guard lock(q->mu);
-      m.reads_before = q->host_next;
-    }
+    m.reads_before = q->ReadsBegun();
     q->session().Post(tandem::ir::MarkerReq{q->stream, 0, {}, m.event});
     q->session().Post(tandem::ir::StreamFlushReq{q->stream});
     marks.push_back(std::move(m));
@@ -364,8 +361,7 @@ _cl_mem::~_cl_mem() {
           pause = std::min(pause * 2, std::chrono::microseconds(20000));
         }
         m.q->session().Post(tandem::ir::EventDestroyReq{m.event});
-        std::unique_lock lock(m.q->mu);
-        m.q->cv.wait(lock, [&] { return m.q->host_open.empty() || *m.q->host_open.begin() >= m.reads_before; });
+        m.q->WaitForReadsBefore(m.reads_before);
       }
       run();
     }).detach();

@@ -238,6 +238,17 @@ struct _cl_command_queue : tandem::ocl::Object<_cl_command_queue> {
   uint64_t host_next = 0;        // ids of those reads, in the order they began (HostOp)
   std::set<uint64_t> host_open;  // ids of those not landed yet
 
+  // A mark for the reads begun so far, then a wait until all of those have landed (not the
+  // ones begun after the mark, which may be held by a user event set only after the wait).
+  uint64_t ReadsBegun() {
+    std::lock_guard lock(mu);
+    return host_next;
+  }
+  void WaitForReadsBefore(uint64_t mark) {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return host_open.empty() || *host_open.begin() >= mark; });
+  }
+
   tandem::client::Session& session() const { return device->session(); }
   bool profiling() const { return props & CL_QUEUE_PROFILING_ENABLE; }
   ~_cl_command_queue();

@@ -317,7 +317,11 @@ void Session::Run(const ir::Record& rec, ir::BatchWriter& out) {
   current_seq_ = rec.header.seq;
   auto rep = std::make_shared<typename Req::Reply>();
   const auto started = profile_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+  backend_->set_caller_waits_alone((rec.header.flags & ir::kRecordCallerWaits) && backend_->wait_runs_next() &&
+                                   !Holding());
   st = Execute(req, rep.get());
+  const bool wait_in_place = backend_->WaitRunsInPlace() && !Holding();
+  backend_->set_caller_waits_alone(false);
   if (profile_) profile_->Add(std::string(Req::kName), std::chrono::steady_clock::now() - started);
   if (log::TraceEnabled()) log::Trace("ran #{} {}: {}", rec.header.seq, Req::kName, st.ToString());
   commands_run_.fetch_add(1, std::memory_order_relaxed);
@@ -334,22 +338,20 @@ void Session::Run(const ir::Record& rec, ir::BatchWriter& out) {
     // 2.5 us of an OpenCL kernel + clFinish, the probe at c2a8741). The worker's other thread
     // takes over receiving meanwhile, as for any long batch. Without the client's flag a
     // second host thread's commands would queue behind this wait (8ff6a8c).
-    const bool in_place = (rec.header.flags & ir::kRecordCallerWaits) && backend_->wait_runs_next() && !Holding() &&
-                          backend_->EnqueuedCompleteAlone();
-    if (!want_reply || in_place) {
+    if (!want_reply || wait_in_place || wait.in_place_only) {
       st = wait();
     } else {
       // It is the sync point for what came before it: it carries their deferred errors.
       const ir::RecordHeader head = rec.header;
-      late_.push_back([this, head, rep, wait = std::move(wait), deferred = TakeDeferred()] {
-        Status done = wait();
+      auto reply = [this, head, rep](const Status& done, std::vector<ir::AsyncError> errors) {
         if constexpr (std::is_same_v<Req, ir::BufferReadReq>) {
           if (done.ok()) MaybeFlip(rep->data);
         }
         ir::BatchWriter w(ir::BatchKind::kReplies);
-        w.AddReply(head.opcode, head.seq, done, deferred, done.ok() ? rep.get() : nullptr);
+        w.AddReply(head.opcode, head.seq, done, errors, done.ok() ? rep.get() : nullptr);
         return w.Finish();
-      });
+      };
+      late_.push_back(LateReply{std::move(wait), std::move(reply), TakeDeferred(), !backend_->EnqueuedCompleteAlone()});
       return;
     }
   }
@@ -827,10 +829,11 @@ Status Session::Execute(const ir::EventWaitReq& req, ir::EventWaitRep* rep) {
     return Status::Ok();
   };
   if (auto wait = backend_->TakeDeferredReply()) {
-    backend_->DeferReply([wait = std::move(wait), merge = std::move(merge)] {
-      TANDEM_RETURN_IF_ERROR(wait());
-      return merge();
-    });
+    backend_->DeferReply(DeferredWait{[wait = std::move(wait.wait), merge = std::move(merge)] {
+                                        TANDEM_RETURN_IF_ERROR(wait());
+                                        return merge();
+                                      },
+                                      std::move(wait.done), wait.in_place_only});
     return Status::Ok();
   }
   return merge();

@@ -7,7 +7,8 @@
 // reply batch per batch, on one of two threads that take turns at receiving and running
 // (Executor): a batch runs on the thread that received it when nothing else runs, and the
 // other thread takes over receiving if it runs long. The waiter thread finishes replies that
-// wait on the device (Backend::ReplyLater).
+// wait on the device (Backend::ReplyLater), and a reply that may wait for a user event gets a
+// thread of its own (LateReplies).
 #include <sys/personality.h>
 #include <unistd.h>
 
@@ -280,54 +281,6 @@ void SpinFor(const std::atomic<bool>& ready) {
   for (SpinPause p; !ready.load(std::memory_order_acquire) && Clock::now() < until;) p.Once();
 }
 
-// Runs deferred replies (a read back or synchronize that waits on the device) one after
-// another, in the order the executor handed them over, and sends each when it is ready.
-class Waiter {
- public:
-  explicit Waiter(ClientLink* link) : link_(link) {}
-  void Start() {
-    // Detached: a wait on a user event that is never set must not hold the process at exit.
-    std::thread([this] { NameThisThread("tdm-waiter"); Loop(); }).detach();
-  }
-  // Nothing queued or running. Exact for the thread that pushes: only it adds work.
-  bool Idle() const { return pending_.load() == 0; }
-  void Push(std::vector<LateReply> late) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      pending_.fetch_add(late.size());
-      for (auto& l : late) queue_.push_back(std::move(l));
-    }
-    // After the lock: a spinning waiter that saw the flag inside it would block on the mutex,
-    // and its wake-up would cost this thread a system call. The flag only ends its spin.
-    ready_.store(true, std::memory_order_release);
-    cv_.notify_one();
-  }
-
- private:
-  void Loop() {
-    for (;;) {
-      LateReply next;
-      SpinFor(ready_);
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [this] { return !queue_.empty(); });
-        next = std::move(queue_.front());
-        queue_.pop_front();
-        ready_.store(!queue_.empty(), std::memory_order_relaxed);
-      }
-      link_->Send(next());
-      pending_.fetch_sub(1);
-    }
-  }
-
-  ClientLink* link_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<LateReply> queue_;
-  std::atomic<bool> ready_{false};  // queue_ may not be empty: ends the spin (cleared under mu_)
-  std::atomic<size_t> pending_{0};  // pushed and not yet sent: queued or running
-};
-
 // The session's batches run one at a time, in arrival order, on two threads that take turns
 // (leader/followers, POSA2). The thread that receives a small batch while nothing runs or
 // waits in the queue runs it itself, and the reply is posted by the thread that reads the
@@ -359,7 +312,8 @@ class Executor {
   // timing, and so may the driver's host-side set-up that device addresses follow).
   Executor(Session* session, ClientLink* link, fabric::Endpoint* endpoint, const InjectOptions& inject,
            bool in_place)
-      : session_(session), link_(link), endpoint_(endpoint), waiter_(link), inject_(inject),
+      : session_(session), link_(link), endpoint_(endpoint),
+        waiter_([link](std::vector<uint8_t> batch) { link->Send(std::move(batch)); }, SpinFor), inject_(inject),
         inline_bytes_(in_place ? kInlineBytes : 0) {}
   // --inject-stall-after: set once the session stopped answering (the receiving thread then
   // drops everything, pings included, as a frozen process would).
@@ -512,7 +466,7 @@ class Executor {
   ClientLink* link_;
   fabric::Endpoint* endpoint_;
   const std::function<void()>* receive_ = nullptr;
-  Waiter waiter_;
+  LateReplies waiter_;
   InjectOptions inject_;
   const size_t inline_bytes_;  // largest batch run where it was received (0: none)
   std::mutex mu_;

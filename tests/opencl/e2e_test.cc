@@ -875,6 +875,38 @@ TEST_F(Tandem, FailingAUserEventEndsAnotherThreadsWait) {
   clReleaseEvent(gate);
 }
 
+// One thread waits for a command held by a user event that another thread sets only once its
+// own clFinish and blocking read have returned: neither may queue behind that wait (tandemd
+// once ran deferred replies one after another).
+TEST_F(Tandem, AThreadsFinishIsNotHeldBehindAnotherThreadsUserEventWait) {
+  cl_int err = CL_SUCCESS;
+  cl_event gate = clCreateUserEvent(context_, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  cl_event marker = nullptr;
+  ASSERT_EQ(clEnqueueMarkerWithWaitList(queue_, 1, &gate, &marker), CL_SUCCESS);
+  ASSERT_EQ(clFlush(queue_), CL_SUCCESS);
+  cl_int waited = CL_INVALID_VALUE;
+  cl_command_queue other = clCreateCommandQueue(context_, device_, 0, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  cl_mem b = Buffer(CL_MEM_READ_WRITE, 64);
+  // No ASSERT from here to the join: the waiting thread must be joined.
+  std::thread waiter([&] { waited = clWaitForEvents(1, &marker); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // its wait is on the server
+  const int seven = 7;
+  EXPECT_EQ(clEnqueueFillBuffer(other, b, &seven, sizeof seven, 0, 64, 0, nullptr, nullptr), CL_SUCCESS);
+  EXPECT_EQ(clFinish(other), CL_SUCCESS);
+  int back = 0;
+  EXPECT_EQ(clEnqueueReadBuffer(other, b, CL_TRUE, 0, sizeof back, &back, 0, nullptr, nullptr), CL_SUCCESS);
+  EXPECT_EQ(back, 7);
+  EXPECT_EQ(clSetUserEventStatus(gate, CL_COMPLETE), CL_SUCCESS);
+  waiter.join();
+  EXPECT_EQ(waited, CL_SUCCESS);
+  clReleaseMemObject(b);
+  clReleaseCommandQueue(other);
+  clReleaseEvent(marker);
+  clReleaseEvent(gate);
+}
+
 // ---- reference counts ----------------------------------------------------------------------
 
 void CL_CALLBACK CountDestructor(cl_mem, void* data) { static_cast<std::atomic<int>*>(data)->fetch_add(1); }
@@ -1055,6 +1087,48 @@ TEST_F(TandemSpin, ACallbackIsNotHeldByTheProgramsFinish) {
   EXPECT_LT(fired_s, finish_s - 0.1 * spin_s_) << "the callback fired " << fired_s << " s into a clFinish of "
                                                << finish_s << " s (the loop alone: " << spin_s_ << " s)";
   clReleaseEvent(short_one);
+}
+
+// clFinish waits for the commands enqueued before it, not for one another thread enqueues
+// after it, held by a user event that this thread sets once its clFinish has returned. Its
+// wait starts late here: tandemd's waiter is busy with a third thread's clFinish of a long
+// kernel (a late clFinish on the server once waited for that held command, for ever).
+TEST_F(TandemSpin, AFinishWaitsOnlyForWhatCameBeforeIt) {
+  cl_int err = CL_SUCCESS;
+  cl_command_queue other = clCreateCommandQueue(context_, device_, 0, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  std::atomic<bool> spinning{false};
+  // No ASSERT from here to the joins: both threads must be joined.
+  std::thread longer([&] {
+    EnqueueSpin(n_);
+    EXPECT_EQ(clFlush(queue_), CL_SUCCESS);
+    spinning = true;
+    EXPECT_EQ(clFinish(queue_), CL_SUCCESS);
+  });
+  while (!spinning) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::this_thread::sleep_for(std::chrono::duration<double>(spin_s_ / 8));  // its clFinish is on the server
+  cl_event gate = nullptr;
+  std::chrono::steady_clock::time_point gated_at;
+  std::thread gater([&] {
+    std::this_thread::sleep_for(std::chrono::duration<double>(spin_s_ / 4));  // after the clFinish below
+    cl_int e = CL_SUCCESS;
+    gate = clCreateUserEvent(context_, &e);
+    EXPECT_EQ(e, CL_SUCCESS);
+    EXPECT_EQ(clEnqueueMarkerWithWaitList(other, 1, &gate, nullptr), CL_SUCCESS);
+    EXPECT_EQ(clFlush(other), CL_SUCCESS);
+    gated_at = std::chrono::steady_clock::now();
+  });
+  EXPECT_EQ(clFinish(other), CL_SUCCESS);
+  const auto finished_at = std::chrono::steady_clock::now();
+  gater.join();
+  EXPECT_EQ(clSetUserEventStatus(gate, CL_COMPLETE), CL_SUCCESS);
+  longer.join();
+  EXPECT_EQ(clFinish(other), CL_SUCCESS);
+  clReleaseEvent(gate);
+  clReleaseCommandQueue(other);
+  // A loaded machine may run the held command's thread only once the long kernel is done:
+  // the wait had ended before it, and the test shows nothing.
+  if (gated_at >= finished_at) GTEST_SKIP() << "the long kernel ended before the held command was enqueued";
 }
 
 TEST_F(Tandem, ReferenceCounts) {

@@ -116,7 +116,7 @@ __kernel void spin(__global int* out, int n) {
   // A synchronize of `stream` whose reply is deferred (the wait not next), for the caller to
   // run on another thread as the worker's waiter does; null if none was deferred. Leaves
   // deferred replies allowed.
-  std::function<Status()> DeferredStreamSync(uint64_t stream) {
+  DeferredWait DeferredStreamSync(uint64_t stream) {
     be_->AllowDeferredReplies(true);
     be_->set_wait_runs_next(false);
     ir::StreamSyncRep ss;
@@ -291,10 +291,11 @@ TEST_F(OpenCLBackendTest, WarmWithoutAFreeReadSlot) {
 }
 
 // When a deferred synchronize is the waiter's next action, the executor leaves the first
-// queue it finishes unflushed, and its clFinish, run on another thread as the waiter runs it,
+// queue it finishes unflushed, and its wait, run on another thread as the waiter runs it,
 // must flush it: once that wait returns, what came before it is complete (queried without
 // any other flush): a kernel that runs for tens of milliseconds and copies, on the default
-// queue and on a stream; and a read back sees the copied bytes.
+// queue and on a stream; and a read back sees the copied bytes. Both waits: clFinish, when
+// the client waits alone (in place), and a marker's event otherwise.
 TEST_F(OpenCLBackendTest, WaitThatRunsNextFlushesItsOwnQueue) {
   Alloc(1, 4096);
   Alloc(2, 4096);
@@ -320,7 +321,8 @@ TEST_F(OpenCLBackendTest, WaitThatRunsNextFlushesItsOwnQueue) {
     EXPECT_TRUE(be_->OnEventQuery({event}, &q).ok());
     return q.status == CL_COMPLETE;
   };
-  for (uint64_t round = 0; round < 3; ++round) {
+  for (uint64_t round = 0; round < 4; ++round) {
+    const bool alone = round % 2 == 1;
     const uint64_t on_default = 100 + 10 * round, on_stream = on_default + 1, again = on_default + 2;
     const uint64_t spun = on_default + 3;
     be_->set_wait_runs_next(false);
@@ -332,8 +334,10 @@ TEST_F(OpenCLBackendTest, WaitThatRunsNextFlushesItsOwnQueue) {
     ASSERT_TRUE(be_->OnBufferCopy({50, 1, 0, 3, 0, 4096, {}, on_stream}, &crep).ok());
     // The device's queues, the default one first: that one is left to the wait.
     be_->set_wait_runs_next(true);
+    be_->set_caller_waits_alone(alone);
     ir::DeviceSyncRep dsrep;
     ASSERT_TRUE(be_->OnDeviceSync({0}, &dsrep).ok());
+    be_->set_caller_waits_alone(false);
     Status st = deferred_elsewhere();
     ASSERT_TRUE(st.ok()) << st.ToString();
     EXPECT_TRUE(complete(spun)) << "round " << round;
@@ -348,8 +352,10 @@ TEST_F(OpenCLBackendTest, WaitThatRunsNextFlushesItsOwnQueue) {
     spin.stream = 0;
     ASSERT_TRUE(be_->OnBufferCopy({50, 2, 0, 3, 0, 4096, {}, again}, &crep).ok());
     be_->set_wait_runs_next(true);
+    be_->set_caller_waits_alone(alone);
     ir::StreamSyncRep ssrep;
     ASSERT_TRUE(be_->OnStreamSync({50}, &ssrep).ok());
+    be_->set_caller_waits_alone(false);
     st = deferred_elsewhere();
     ASSERT_TRUE(st.ok()) << st.ToString();
     EXPECT_TRUE(complete(spun + 1)) << "round " << round;
@@ -870,7 +876,7 @@ TEST_F(OpenCLBackendTest, StreamDestroyedWhileItsFinishWaitsOffTheExecutor) {
   std::future<Status> done = result.get_future();
   std::thread waiter([w = std::move(wait), &result]() mutable {
     result.set_value(w());
-    w = nullptr;  // the destroyed stream's last reference goes here
+    w = {};  // the destroyed stream's last reference goes here
   });
   EXPECT_EQ(done.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout) << "the wait did not block";
   ir::StreamDestroyRep sd;
@@ -910,13 +916,45 @@ TEST_F(OpenCLBackendTest, BackendDestroyedWhileAFinishWaitsOffTheExecutor) {
   Status st = Status(Code::kInternal, "the wait did not run");
   std::thread waiter([w = std::move(wait), &st]() mutable {
     st = w();
-    w = nullptr;
+    w = {};
   });
   ir::StreamDestroyRep sd;
   ASSERT_TRUE(be_->OnStreamDestroy({60}, &sd).ok());
   be_.reset();
   waiter.join();
   EXPECT_TRUE(st.ok()) << st.ToString();
+}
+
+// A finish that does not run in place waits for a marker; when a user event before it fails,
+// PoCL fails the marker at once, while a long kernel before that still runs. The finish must
+// still wait for the kernel, as clFinish does.
+TEST_F(OpenCLBackendTest, AFinishWhoseMarkerFailsEarlyStillWaitsForWhatRuns) {
+  Alloc(1, 64);
+  ir::StreamCreateRep sc;
+  ASSERT_TRUE(be_->OnStreamCreate({60, 0, 0, 0}, &sc).ok());
+  ir::LaunchReq spin;
+  ASSERT_NO_FATAL_FAILURE(SpinLaunch(4, &spin));
+  spin.stream = 60;
+  spin.signal = 95;
+  ir::LaunchRep lrep;
+  ASSERT_TRUE(be_->OnLaunch(spin, &lrep).ok());
+  ir::EventCreateRep ec;
+  ASSERT_TRUE(be_->OnEventCreate({90, 0, ir::kEventUser}, &ec).ok());
+  ir::BufferFillRep fr;
+  ASSERT_TRUE(be_->OnBufferFill({60, 1, 0, 64, {1, 2, 3, 4}, {90}, 91}, &fr).ok());
+  auto wait = DeferredStreamSync(60);
+  ASSERT_TRUE(wait);
+  EXPECT_FALSE(wait.done()) << "the kernel ended before the test could fail the event";
+  ir::UserEventSetRep us;
+  ASSERT_TRUE(be_->OnUserEventSet({90, -5}, &us).ok());
+  const Status st = wait();
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  ir::EventQueryRep q;
+  ASSERT_TRUE(be_->OnEventQuery({95}, &q).ok());
+  EXPECT_EQ(q.status, CL_COMPLETE) << "the finish returned while the kernel before it still ran";
+  be_->AllowDeferredReplies(false);
+  ir::StreamDestroyRep sd;
+  EXPECT_TRUE(be_->OnStreamDestroy({60}, &sd).ok());
 }
 
 // EventTimes of a command still running waits for it rather than answering

@@ -271,21 +271,27 @@ class DeferringBackend : public test::MemoryBackend {
   bool alone = false;       // EnqueuedCompleteAlone
   int waits_run = 0;        // deferred waits that ran
   Status wait_status;       // what each returns
+  bool in_place_seen = false;  // WaitRunsInPlace, during the last synchronize
+  bool in_place_only = false;  // the synchronize's wait says it runs in place only
   Status OnStreamSync(const ir::StreamSyncReq&, ir::StreamSyncRep*) override {
     seen.push_back(wait_runs_next());
-    return ReplyLater([this] {
-      ++waits_run;
-      return wait_status;
-    });
+    in_place_seen = WaitRunsInPlace();
+    return ReplyLater(DeferredWait{[this] {
+                                     ++waits_run;
+                                     return wait_status;
+                                   },
+                                   nullptr, in_place_only});
   }
   bool EnqueuedCompleteAlone() const override { return alone; }
   // An event wait deferred as OpenCL's is: every event answers 0 once the wait runs.
   Status OnEventWait(const ir::EventWaitReq& req, ir::EventWaitRep* rep) override {
-    return ReplyLater([this, n = req.events.size(), rep] {
-      ++waits_run;
-      rep->statuses.assign(n, 0);
-      return wait_status;
-    });
+    return ReplyLater(
+        [this, n = req.events.size(), rep] {
+          ++waits_run;
+          rep->statuses.assign(n, 0);
+          return wait_status;
+        },
+        nullptr);
   }
 };
 
@@ -345,19 +351,31 @@ TEST(SessionWaitInPlace, OnlyWhenTheClientWaitsAloneItRunsNextAndNothingWaitsOnT
     }
     return records;
   };
-  // The backend says a wait may need the session: the waiter, as before.
+  // The backend says a wait may need the session: the waiter, as before, and a reply that
+  // may block (a side thread of LateReplies).
   BatchOutcome out = run(1, true);
-  EXPECT_EQ(out.late.size(), 1u);
+  ASSERT_EQ(out.late.size(), 1u);
+  EXPECT_TRUE(out.late[0].may_block);
   EXPECT_EQ(backend.waits_run, 0);
+  EXPECT_FALSE(backend.in_place_seen);
   backend.alone = true;
   // The client did not say it waits alone (a second thread posts, or callbacks run): the
   // waiter, so that the other thread's commands do not queue behind this wait.
   out = run(1, false, 0);
-  EXPECT_EQ(out.late.size(), 1u);
+  ASSERT_EQ(out.late.size(), 1u);
+  EXPECT_FALSE(out.late[0].may_block);
   EXPECT_EQ(backend.waits_run, 0);
+  EXPECT_FALSE(backend.in_place_seen);
   out = run(1, false);
   EXPECT_TRUE(out.late.empty());
   EXPECT_EQ(backend.waits_run, 1);
+  EXPECT_TRUE(backend.in_place_seen);  // the backend knew, and could wait as in place only
+  // A wait the backend made for in place only runs there, whatever the session would decide.
+  backend.in_place_only = true;
+  out = run(1, false, 0);
+  EXPECT_TRUE(out.late.empty());
+  EXPECT_EQ(backend.waits_run, 1);
+  backend.in_place_only = false;
   auto r = replies(out);
   ASSERT_EQ(r.size(), 1u);
   EXPECT_EQ(r[0].header.seq, 100u);

@@ -210,6 +210,7 @@ Result<cl_command_queue> OpenCLBackend::DefaultQueue(uint32_t device) {
 }
 
 Status OpenCLBackend::Prepare(uint64_t stream, uint32_t device, const ir::u64s& wait, uint64_t signal, Enqueue* e) {
+  prepared_->fetch_add(1, std::memory_order_relaxed);
   e->device = device;
   if (stream == 0) {
     auto q = DefaultQueue(device);
@@ -318,24 +319,59 @@ Status OpenCLBackend::FinishDevice(uint32_t device) {
   return FinishLater(std::move(queues));
 }
 
-// The wait, run later off the executor (or in place), shares the queues it finishes: a stream
-// destroyed meanwhile keeps its queue until then. The first one's clFinish flushes it when
-// that is the waiter's next action (FlushBeforeWait).
+// The wait shares the queues it finishes: a stream destroyed meanwhile keeps its queue until
+// then. Run in place (WaitRunsInPlace), it is clFinish, and the first queue's flushes it
+// (FlushBeforeWait). Otherwise it may start once later commands are enqueued (the waiter
+// busy with an earlier reply, another thread's batch run first), and clFinish would wait for
+// them too: for a command held by a user event that the program sets only after this call
+// returns, for ever. It then waits for a marker of each queue, which stands for what the queue
+// holds now. Failed commands before it are their events' to report, as clFinish leaves them;
+// but PoCL fails the marker as soon as one of them fails (a user event set to an error), while
+// earlier ones may still run: then clFinish, exact while nothing was enqueued since (else the
+// wait ends early, a documented limit: server/README.md).
 Status OpenCLBackend::FinishLater(std::vector<SharedQueue> queues) {
   std::erase(queues, nullptr);  // callers pass only made queues; a null one is not waited for
+  const bool in_place = WaitRunsInPlace();
+  std::vector<std::shared_ptr<EventRef>> markers;
   for (size_t i = 0; i < queues.size(); ++i) {
-    if (i == 0)
-      FlushBeforeWait(queues[i]->get());
-    else
-      clFlush(queues[i]->get());
-  }
-  return ReplyLater([queues = std::move(queues)] {
-    for (const SharedQueue& q : queues) {
-      cl_int err = clFinish(q->get());
-      if (err != CL_SUCCESS) return ClError(err, "clFinish");
+    cl_command_queue q = queues[i]->get();
+    if (!in_place) {
+      cl_event m = nullptr;
+      if (cl_int err = clEnqueueMarkerWithWaitList(q, 0, nullptr, &m); err != CL_SUCCESS)
+        return ClError(err, "clEnqueueMarkerWithWaitList");
+      markers.push_back(std::make_shared<EventRef>(m));
+      // Held by the backend too: a wait dropped unrun must not release a pending marker.
+      if (clRetainEvent(m) == CL_SUCCESS) HoldMarker(m);
     }
-    return Status::Ok();
-  });
+    if (i == 0)
+      FlushBeforeWait(q);
+    else
+      clFlush(q);
+  }
+  if (in_place) {
+    DeferredWait wait{[queues = std::move(queues)] {
+                        for (const SharedQueue& q : queues) {
+                          cl_int err = clFinish(q->get());
+                          if (err != CL_SUCCESS) return ClError(err, "clFinish");
+                        }
+                        return Status::Ok();
+                      },
+                      nullptr, true};
+    return ReplyLater(std::move(wait));
+  }
+  auto ended = [markers] { return std::ranges::all_of(markers, [](const auto& m) { return Ended(m->get()); }); };
+  return ReplyLater(DeferredWait{[queues = std::move(queues), markers, prepared = prepared_, since = prepared_->load()] {
+                                   for (size_t i = 0; i < markers.size(); ++i) {
+                                     cl_event e = markers[i]->get();
+                                     cl_int err = clWaitForEvents(1, &e);
+                                     if (err == CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST && prepared->load() == since)
+                                       err = clFinish(queues[i]->get());
+                                     if (err != CL_SUCCESS && err != CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST)
+                                       return ClError(err, "clWaitForEvents", "a finish's marker");
+                                   }
+                                   return Status::Ok();
+                                 },
+                                 std::move(ended)});
 }
 
 Status OpenCLBackend::OnDeviceSync(const ir::DeviceSyncReq& req, ir::DeviceSyncRep*) {

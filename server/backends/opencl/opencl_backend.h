@@ -73,6 +73,9 @@ Result<std::unique_ptr<Backend>> Open(const BackendOptions& options);
 
 // "clXxx failed: CL_INVALID_VALUE (-30)[: detail]" as a native OpenCL status.
 Status ClError(cl_int err, std::string_view call, std::string_view detail = {});
+// Without blocking: whether `event` has completed or failed (DeferredWait::done). A failed
+// query counts as ended: its wait, which queries the same event, ends too.
+bool Ended(cl_event event);
 const char* ClErrorName(cl_int err);
 
 // `n` bytes of CL_MEM_ALLOC_HOST_PTR memory of `context`, mapped until the buffer goes (the
@@ -375,6 +378,8 @@ class OpenCLBackend : public Backend {
   // natively aborts too (found by opencl_backend_fuzz; reproduced with plain OpenCL on PoCL
   // 3.1). Commands of other kinds fail cleanly there.
   std::vector<cl_event> held_markers_;
+  // Commands prepared so far (Prepare), read by deferred waits on other threads (FinishLater).
+  std::shared_ptr<std::atomic<uint64_t>> prepared_ = std::make_shared<std::atomic<uint64_t>>(0);
   size_t prune_markers_at_ = 16;
   void HoldMarker(cl_event marker);  // takes over one reference
   bool gated_ = false;   // WriteFromHost made a gate (executor only; never cleared)

@@ -184,6 +184,7 @@ Status OpenCLBackend::OnEventWait(const ir::EventWaitReq& req, ir::EventWaitRep*
       first = false;
     }
   }
+  auto ended = [events] { return std::ranges::all_of(events, [](const auto& ev) { return !ev || Ended(ev->get()); }); };
   return ReplyLater([events = std::move(events), rep] {
     for (const auto& ev : events) {
       if (!ev) {
@@ -200,7 +201,13 @@ Status OpenCLBackend::OnEventWait(const ir::EventWaitReq& req, ir::EventWaitRep*
       rep->statuses.push_back(st);
     }
     return Status::Ok();
-  });
+  }, std::move(ended));
+}
+
+bool Ended(cl_event event) {
+  cl_int st = CL_QUEUED;
+  return clGetEventInfo(event, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof st, &st, nullptr) != CL_SUCCESS ||
+         st <= CL_COMPLETE;
 }
 
 Status OpenCLBackend::OnEventTimes(const ir::EventTimesReq& req, ir::EventTimesRep* rep) {

@@ -182,7 +182,7 @@ Status OpenCLBackend::ReplyWhenRead(cl_event read, std::shared_ptr<uint8_t> slot
     if (err != CL_SUCCESS) return ClError(err, "clWaitForEvents", what);
     if (slot) std::memcpy(out, slot.get(), n);
     return Status::Ok();
-  });
+  }, [done] { return Ended(done->get()); });
 }
 
 // The device's read slots, made on first use. Without them (mapping failed, logged once)

@@ -52,6 +52,23 @@ class HeapHostBuffer final : public HostBuffer {
   size_t size_;
 };
 
+// A reply's wait that a backend deferred (Backend::ReplyLater): `wait` blocks until the device
+// work the reply waits for is done (or failed) and says how it went. `done`, which must not
+// block, says whether that work has completed yet; the session's late replies use it to send a
+// reply after the earlier ones its completion implies (a read's bytes before the answer of a
+// later wait on its queue), without holding it behind earlier ones that still wait (on a user
+// event that only a later command sets). Null: taken as done.
+struct DeferredWait {
+  std::function<Status()> wait;
+  std::function<bool()> done;
+  // The backend chose a wait that only runs right away, on the executor (WaitRunsInPlace was
+  // true): it may wait for commands enqueued after it (OpenCL's clFinish). The session runs it
+  // in place, never off the executor.
+  bool in_place_only = false;
+  explicit operator bool() const { return static_cast<bool>(wait); }
+  Status operator()() const { return wait(); }
+};
+
 // The destination half of an asynchronous transfer (Backend::WriteFromHost): the write is
 // enqueued, and held with everything after it on its stream, until `release` runs: with Ok
 // once `staging` holds the bytes, or with a failure to fail the write instead. `release`
@@ -95,9 +112,9 @@ class Backend {
   // otherwise (direct calls, tests) it runs at once. `wait` must not touch the backend's
   // handle tables: it captures what it needs.
   void AllowDeferredReplies(bool allow) { defer_allowed_ = allow; }
-  std::function<Status()> TakeDeferredReply() { return std::exchange(deferred_reply_, nullptr); }
+  DeferredWait TakeDeferredReply() { return std::exchange(deferred_reply_, {}); }
   // Puts back a deferred wait the session took and wrapped (its own work after the backend's).
-  void DeferReply(std::function<Status()> wait) { deferred_reply_ = std::move(wait); }
+  void DeferReply(DeferredWait wait) { deferred_reply_ = std::move(wait); }
   // Set by the session before each command: true when a reply the command defers is the next
   // thing that runs after it, with nothing run on the executor in between: the last command of
   // its batch, no reply deferred before it in the batch, and the session's waiter idle (or the
@@ -109,6 +126,15 @@ class Backend {
   // act and block on nothing after it (OpenCL's FinishLater does).
   void set_wait_runs_next(bool next) { wait_runs_next_ = next; }
   bool wait_runs_next() const { return wait_runs_next_; }
+  // Set by the session before each command: the client waits for its reply alone and posts
+  // nothing meanwhile (ir::kRecordCallerWaits), the wait would run next, and nothing is held.
+  // A wait the command defers then runs in place, on the executor, when EnqueuedCompleteAlone
+  // (WaitRunsInPlace): nothing else is enqueued before it starts. Otherwise it may start after
+  // later commands have been enqueued, so it must wait for what came before it only (OpenCL:
+  // a marker's event, not clFinish, which would wait for a later command held by a user event
+  // that the program sets only once this wait has returned).
+  void set_caller_waits_alone(bool alone) { caller_waits_alone_ = alone; }
+  bool WaitRunsInPlace() const { return caller_waits_alone_ && EnqueuedCompleteAlone(); }
 
   // Whether every command this backend has enqueued can complete without anything the
   // session runs later: no user event that the program or another server must still set, no
@@ -116,8 +142,9 @@ class Backend {
   // next anyway, and that the client waits for alone (ir::kRecordCallerWaits), on the
   // executor itself, as a backend whose waits are synchronous does, and its reply leaves with
   // the batch's instead of through the waiter thread. Asked by the
-  // session right after the command deferred, with nothing held; false (the default) keeps
-  // every deferred wait on the waiter.
+  // session right after the command deferred, with nothing held. False (the default) keeps
+  // every deferred wait off the executor, and marks it as one that may block
+  // (LateReply::may_block): it runs on a side thread of LateReplies, not holding later replies.
   virtual bool EnqueuedCompleteAlone() const { return false; }
 
   // Whether the session should keep commands that wait on another server out of the backend
@@ -173,17 +200,23 @@ class Backend {
 #undef X
 
  protected:
-  Status ReplyLater(std::function<Status()> wait) {
+  // A wait that may block on anything but device work (a user event, another server) must
+  // give `done` (DeferredWait), or it holds every later reply while it waits.
+  Status ReplyLater(DeferredWait wait) {
     if (!defer_allowed_) return wait();
     deferred_reply_ = std::move(wait);
     return Status::Ok();
+  }
+  Status ReplyLater(std::function<Status()> wait, std::function<bool()> done) {
+    return ReplyLater(DeferredWait{std::move(wait), std::move(done)});
   }
   BulkIO* bulk_ = nullptr;
 
  private:
   bool defer_allowed_ = false;
   bool wait_runs_next_ = false;
-  std::function<Status()> deferred_reply_;
+  bool caller_waits_alone_ = false;
+  DeferredWait deferred_reply_;
 };
 
 // nullptr + status when the API or its devices are missing.

@@ -19,21 +19,19 @@
 
 #include "tandem/ir/codec.h"
 #include "tandem/server/backend.h"
+#include "tandem/server/late_replies.h"
 #include "tandem/status.h"
 
 namespace tandem::server {
 
 class Profile;  // tandem/server/profile.h
 
-// A reply that waits on the device: run it (it blocks), then send what it returns.
-using LateReply = std::function<std::vector<uint8_t>()>;
 
 struct BatchOutcome {
   std::vector<uint8_t> reply;  // one reply batch to send; empty when no record needed a reply
   // Replies deferred by the backend (Backend::ReplyLater), in order: send `reply` first,
-  // then run these one after another off the executor (the worker's waiter thread). A wait
-  // the session ran in place (the client's ir::kRecordCallerWaits, and
-  // Backend::EnqueuedCompleteAlone) is in `reply` instead.
+  // then run these off the executor (LateReplies). A wait the session ran in place (the
+  // client's ir::kRecordCallerWaits, and Backend::WaitRunsInPlace) is in `reply` instead.
   std::vector<LateReply> late;
   bool refuse_peer = false;    // not authenticated: send `reply`, then close the peer
   bool goodbye = false;        // the client ended the session
