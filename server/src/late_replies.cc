@@ -25,6 +25,7 @@ void LateReplies::Start() {
 
 void LateReplies::Push(std::vector<LateReply> late) {
   size_t spawn = 0;
+  bool side = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (LateReply& l : late) {
@@ -33,6 +34,7 @@ void LateReplies::Push(std::vector<LateReply> late) {
       e->late = std::move(l);
       open_.push_back(e);
       pending_.fetch_add(1);
+      side |= e->late.may_block;
       if (e->late.may_block)
         side_queue_.push_back(std::move(e));
       else
@@ -58,28 +60,39 @@ void LateReplies::Push(std::vector<LateReply> late) {
       side_idle_ -= spawn - i;
       log::Error("late replies: cannot start a thread ({}); {} run replies that may wait for a user event",
                  err.what(), side_threads_ ? fmt::format("{} side threads", side_threads_) : std::string("the in-order thread"));
-      if (side_threads_ == 0) {  // nothing else would run them
+      if (side_threads_ == 0) {  // nothing else would run them: in order, by index, with the rest
         for (auto& e : side_queue_) queue_.push_back(std::move(e));
         side_queue_.clear();
+        std::ranges::sort(queue_, {}, [](const std::shared_ptr<Entry>& e) { return e->index; });
       }
       break;
     }
   }
-  side_cv_.notify_all();
+  if (side) {
+    side_ready_.store(true, std::memory_order_release);
+    side_cv_.notify_all();
+  }
   // After the lock: a spinning waiter that saw the flag inside it would block on the mutex,
   // and its wake-up would cost this thread a system call. The flag only ends its spin.
   ready_.store(true, std::memory_order_release);
   cv_.notify_one();
 }
 
+// One idle side thread at a time spins for work as the in-order thread does (a session with a
+// user event or a gate sends every reply this way), the others sleep.
 void LateReplies::SideLoop() {
   for (;;) {
     std::shared_ptr<Entry> next;
+    if (spin_ && !side_spinning_.exchange(true)) {
+      spin_(side_ready_);
+      side_spinning_.store(false);
+    }
     {
       std::unique_lock<std::mutex> lock(mu_);
       side_cv_.wait(lock, [this] { return !side_queue_.empty(); });
       next = std::move(side_queue_.front());
       side_queue_.pop_front();
+      side_ready_.store(!side_queue_.empty(), std::memory_order_relaxed);
       --side_idle_;
     }
     Run(next, true);

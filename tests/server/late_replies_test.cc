@@ -179,7 +179,7 @@ TEST(LateReplies, AnInOrderReplyWaitsForADoneSideReplyAndTicketsKeepTheirOrder) 
   auto read = std::make_shared<Gate>(Gate::kDoneEarly);
   std::vector<LateReply> first;
   first.push_back(Reply(1, read->Wait(), true));
-  // Slow to build: cleared before reply 2 waits, it must still leave before it.
+  // Slow to build: cleared before reply 3, it must still leave before it.
   first.push_back(Reply(2, Now(), true));
   first[1].reply = [inner = first[1].reply](const Status& st, std::vector<ir::AsyncError> errors) {
     std::this_thread::sleep_for(200ms);

@@ -947,8 +947,12 @@ TEST_F(OpenCLBackendTest, AFinishWhoseMarkerFailsEarlyStillWaitsForWhatRuns) {
   EXPECT_FALSE(wait.done()) << "the kernel ended before the test could fail the event";
   ir::UserEventSetRep us;
   ASSERT_TRUE(be_->OnUserEventSet({90, -5}, &us).ok());
+  // Not done while its wait may still block (in the fallback's clFinish): a later reply must
+  // not wait for it (LateReplies).
+  EXPECT_FALSE(wait.done()) << "a failed marker counted as done";
   const Status st = wait();
   EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_TRUE(wait.done());
   ir::EventQueryRep q;
   ASSERT_TRUE(be_->OnEventQuery({95}, &q).ok());
   EXPECT_EQ(q.status, CL_COMPLETE) << "the finish returned while the kernel before it still ran";

@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <charconv>
+#include <chrono>
+#include <system_error>
+#include <thread>
 
 #include "tandem/log.h"
 
@@ -327,8 +330,8 @@ Status OpenCLBackend::FinishDevice(uint32_t device) {
 // returns, for ever. It then waits for a marker of each queue, which stands for what the queue
 // holds now. Failed commands before it are their events' to report, as clFinish leaves them;
 // but PoCL fails the marker as soon as one of them fails (a user event set to an error), while
-// earlier ones may still run: then clFinish, exact while nothing was enqueued since (else the
-// wait ends early, a documented limit: server/README.md).
+// earlier ones may still run: then clFinish (FinishUnlessEnqueued), exact while nothing was
+// enqueued since, else the wait ends early (a documented limit: server/README.md).
 Status OpenCLBackend::FinishLater(std::vector<SharedQueue> queues) {
   std::erase(queues, nullptr);  // callers pass only made queues; a null one is not waited for
   const bool in_place = WaitRunsInPlace();
@@ -337,8 +340,10 @@ Status OpenCLBackend::FinishLater(std::vector<SharedQueue> queues) {
     cl_command_queue q = queues[i]->get();
     if (!in_place) {
       cl_event m = nullptr;
-      if (cl_int err = clEnqueueMarkerWithWaitList(q, 0, nullptr, &m); err != CL_SUCCESS)
+      if (cl_int err = clEnqueueMarkerWithWaitList(q, 0, nullptr, &m); err != CL_SUCCESS) {
+        if (i > 0) clFlush(queues[0]->get());  // left to a wait that now never runs
         return ClError(err, "clEnqueueMarkerWithWaitList");
+      }
       markers.push_back(std::make_shared<EventRef>(m));
       // Held by the backend too: a wait dropped unrun must not release a pending marker.
       if (clRetainEvent(m) == CL_SUCCESS) HoldMarker(m);
@@ -359,19 +364,51 @@ Status OpenCLBackend::FinishLater(std::vector<SharedQueue> queues) {
                       nullptr, true};
     return ReplyLater(std::move(wait));
   }
-  auto ended = [markers] { return std::ranges::all_of(markers, [](const auto& m) { return Ended(m->get()); }); };
-  return ReplyLater(DeferredWait{[queues = std::move(queues), markers, prepared = prepared_, since = prepared_->load()] {
-                                   for (size_t i = 0; i < markers.size(); ++i) {
-                                     cl_event e = markers[i]->get();
-                                     cl_int err = clWaitForEvents(1, &e);
-                                     if (err == CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST && prepared->load() == since)
-                                       err = clFinish(queues[i]->get());
-                                     if (err != CL_SUCCESS && err != CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST)
-                                       return ClError(err, "clWaitForEvents", "a finish's marker");
-                                   }
-                                   return Status::Ok();
-                                 },
-                                 std::move(ended)});
+  // Done once every marker is complete, or once the wait has returned: a failed marker's wait
+  // may still be in the fallback's clFinish.
+  auto returned = std::make_shared<std::atomic<bool>>(false);
+  auto done = [markers, returned] {
+    return returned->load() || std::ranges::all_of(markers, [](const auto& m) {
+             cl_int st = CL_QUEUED;
+             return clGetEventInfo(m->get(), CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof st, &st, nullptr) ==
+                        CL_SUCCESS &&
+                    st == CL_COMPLETE;
+           });
+  };
+  auto wait = [queues = std::move(queues), markers, returned, prepared = prepared_, since = prepared_->load()] {
+    Status st = Status::Ok();
+    for (size_t i = 0; i < markers.size() && st.ok(); ++i) {
+      cl_event e = markers[i]->get();
+      cl_int err = clWaitForEvents(1, &e);
+      if (err == CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST)
+        FinishUnlessEnqueued(queues[i], *prepared, since);
+      else if (err != CL_SUCCESS)
+        st = ClError(err, "clWaitForEvents", "a finish's marker");
+    }
+    returned->store(true);
+    return st;
+  };
+  return ReplyLater(DeferredWait{std::move(wait), std::move(done)});
+}
+
+// clFinish of `q` on a thread of its own, waited for until it returns or the executor
+// prepares another command (`prepared` moves past `since`): from then on the clFinish may
+// wait for that command too (one held by a user event that the program sets after this
+// wait), and this wait ends early instead. The thread ends with its clFinish.
+void OpenCLBackend::FinishUnlessEnqueued(const SharedQueue& q, const std::atomic<uint64_t>& prepared,
+                                         uint64_t since) {
+  if (prepared.load() != since) return;
+  auto finished = std::make_shared<std::atomic<bool>>(false);
+  try {
+    std::thread([q, finished] {
+      clFinish(q->get());
+      finished->store(true);
+    }).detach();
+  } catch (const std::system_error& err) {
+    log::Warn("a finish whose marker failed early: cannot start a thread ({}); it ends early", err.what());
+    return;
+  }
+  while (!finished->load() && prepared.load() == since) std::this_thread::sleep_for(std::chrono::microseconds(200));
 }
 
 Status OpenCLBackend::OnDeviceSync(const ir::DeviceSyncReq& req, ir::DeviceSyncRep*) {

@@ -338,6 +338,7 @@ class OpenCLBackend : public Backend {
   Status WaitOnHost(Enqueue& e);
   Status FinishDevice(uint32_t device);
   Status FinishLater(std::vector<SharedQueue> queues);
+  static void FinishUnlessEnqueued(const SharedQueue& q, const std::atomic<uint64_t>& prepared, uint64_t since);
   void FlushBeforeWait(cl_command_queue q);
   Result<cl_mem> SubBuffer(Buffer& b, uint64_t handle, const ir::bytes& range);
 

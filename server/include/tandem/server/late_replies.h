@@ -46,8 +46,9 @@ struct LateReply {
 //   has nothing else to do, so the replies after it go on: a program's other thread may set
 //   the user event only once its own clFinish has returned. Side threads start when replies
 //   are queued for them and none is idle, up to kMaxSideThreads, and then stay; with all of
-//   them blocked on user events, the next such reply waits for one of them (a program with
-//   that many threads waiting at once).
+//   them blocked on user events, the next such reply waits for one of them, and so do the
+//   replies after it whose order it decides (a program with that many threads waiting at
+//   once).
 // - A reply leaves once every earlier reply whose device work is done (DeferredWait::done)
 //   has left: its completion may imply theirs (a read's bytes must be there before a later
 //   wait on its queue returns), while work not done yet cannot be implied by it.
@@ -93,6 +94,8 @@ class LateReplies {
   std::deque<std::shared_ptr<Entry>> side_queue_;  // replies that may block, for the side threads
   size_t side_threads_ = 0;                   // started
   size_t side_idle_ = 0;                      // of those, not running a reply
+  std::atomic<bool> side_ready_{false};       // side_queue_ may not be empty: ends a side spin
+  std::atomic<bool> side_spinning_{false};    // an idle side thread spins (one at most)
   std::deque<std::shared_ptr<Entry>> open_;   // handed over and not sent, by index
   uint64_t next_index_ = 0;
   uint64_t next_ticket_ = 0;  // sends leave in ticket order
