@@ -70,6 +70,7 @@ int32_t FailedEventStatus(const Status& st) {
 Session::Session(Backend* backend, uint64_t session_key, bool defer_replies)
     : backend_(backend), session_key_(session_key) {
   backend_->AllowDeferredReplies(defer_replies);
+  backend_->set_host_budget(async_bytes_);
   profile_ = Profile::FromEnv();
   // Only where the backend asks for it: CUDA's legacy default stream, which waits for every
   // other stream, is not modelled by holding's per-stream order.
@@ -551,7 +552,7 @@ Status Session::Call(const ir::WarmReq& req, ir::WarmRep* rep) {
 Status Session::Call(const ir::PeerSendReq& req, ir::PeerSendRep*) {
   if (!peers_) return Status(Code::kUnimplemented, "PeerSend: this session has no server-to-server transport");
   if (req.size == 0) return Status::Invalid("PeerSend: empty transfer");
-  if (req.size <= async_peer_bytes_ && TakeAsyncBytes(req.size)) {
+  if (req.size <= async_peer_bytes_ && async_bytes_->Take(req.size)) {
     // Read in stream order into host memory; the link sends it when it is there and pulled,
     // while this thread goes on with the next command.
     PeerLink* peers = peers_;
@@ -562,22 +563,22 @@ Status Session::Call(const ir::PeerSendReq& req, ir::PeerSendRep*) {
       if (profile) profile->Add("~PeerSend bytes read", std::chrono::steady_clock::now() - since);
       log::Trace("s2s send {:#x}: read done", transfer);
       if (!bytes.ok()) {
-        in_flight->fetch_sub(size);
+        in_flight->Give(size);
         peers->Offer(transfer, size, std::move(bytes));
         return;
       }
-      peers->Offer(transfer, size, Counted(std::move(bytes).value(), in_flight));
+      peers->Offer(transfer, size, HostBytesBudget::Counted(in_flight, std::move(bytes).value()));
     };
     Status st =
         backend_->ReadToHost(req.stream, req.buffer, req.offset, req.size, req.wait, req.signal, std::move(read));
     if (st.code() != Code::kUnimplemented) {
       if (!st.ok()) {
-        async_bytes_->fetch_sub(size);
+        async_bytes_->Give(size);
         peers->Offer(transfer, size, st);  // the puller fails too
       }
       return st;
     }
-    async_bytes_->fetch_sub(size);
+    async_bytes_->Give(size);
   }
   auto io = peers_->Source(req.transfer, req.size);
   if (!io.ok()) return io.status();
@@ -591,7 +592,7 @@ Status Session::Call(const ir::PeerSendReq& req, ir::PeerSendRep*) {
 Status Session::Call(const ir::PeerRecvReq& req, ir::PeerRecvRep*) {
   if (!peers_) return Status(Code::kUnimplemented, "PeerRecv: this session has no server-to-server transport");
   if (req.size == 0) return Status::Invalid("PeerRecv: empty transfer");
-  if (req.size <= async_peer_bytes_ && TakeAsyncBytes(req.size)) {
+  if (req.size <= async_peer_bytes_ && async_bytes_->Take(req.size)) {
     if (hold_) return HoldArrival(req);
     // The write is enqueued now and held until the bytes are here; this thread goes on.
     log::Trace("s2s recv {:#x}: {} bytes into buffer {:#x} at {}", req.transfer, req.size, req.buffer, req.offset);
@@ -605,12 +606,12 @@ Status Session::Call(const ir::PeerRecvReq& req, ir::PeerRecvRep*) {
         if (!got.ok()) NoteAsyncFailure(ir::Opcode::kPeerRecv, signal, stream, got);  // before the write is let go
         release(got);
       };
-      Status st = peers_->Expect(req.peer, req.transfer, Counted(std::move(pending->staging), async_bytes_),
+      Status st = peers_->Expect(req.peer, req.transfer, HostBytesBudget::Counted(async_bytes_, std::move(pending->staging)),
                                  std::move(arrived));
       if (!st.ok()) release(st);
       return st;
     }
-    async_bytes_->fetch_sub(req.size);
+    async_bytes_->Give(req.size);
     if (pending.status().code() != Code::kUnimplemented) return pending.status();
   }
   // The streamed path writes from the executor: after what is held before it.
@@ -698,38 +699,6 @@ void Session::DestroyFinishedImports() {
     Status st = backend_->OnEventDestroy(ir::EventDestroyReq{event}, &unused);
     if (!st.ok()) log::Warn("imported event {:#x}: {}", event, st.ToString());
   }
-}
-
-namespace {
-// A host buffer of an asynchronous transfer, counted in its session's budget while it lives.
-class CountedBuffer final : public HostBuffer {
- public:
-  CountedBuffer(std::shared_ptr<HostBuffer> inner, std::shared_ptr<std::atomic<uint64_t>> in_flight)
-      : inner_(std::move(inner)), in_flight_(std::move(in_flight)) {}
-  ~CountedBuffer() override { in_flight_->fetch_sub(inner_->size()); }
-  uint8_t* data() override { return inner_->data(); }
-  size_t size() const override { return inner_->size(); }
-
- private:
-  std::shared_ptr<HostBuffer> inner_;
-  std::shared_ptr<std::atomic<uint64_t>> in_flight_;
-};
-}  // namespace
-
-std::shared_ptr<HostBuffer> Session::Counted(std::shared_ptr<HostBuffer> buffer,
-                                             std::shared_ptr<std::atomic<uint64_t>> in_flight) {
-  return std::make_shared<CountedBuffer>(std::move(buffer), std::move(in_flight));
-}
-
-// Asynchronous transfers hold their bytes in host memory from when they are enqueued, and a
-// program may enqueue far ahead: past the budget, copies take the blocking path, which also
-// holds the program back.
-bool Session::TakeAsyncBytes(uint64_t size) {
-  uint64_t now = async_bytes_->load();
-  do {
-    if (now + size > kAsyncPeerBudget) return false;
-  } while (!async_bytes_->compare_exchange_weak(now, now + size));
-  return true;
 }
 
 void Session::NoteAsyncFailure(ir::Opcode opcode, uint64_t signal, uint64_t stream, const Status& st) {
@@ -903,7 +872,7 @@ Status Session::HoldArrival(const ir::PeerRecvReq& req) {
   auto a = std::make_shared<Arrival>();
   a->req = req;
   a->seq = current_seq_;
-  a->bytes = Counted(std::make_shared<HeapHostBuffer>(req.size), async_bytes_);
+  a->bytes = HostBytesBudget::Counted(async_bytes_, std::make_shared<HeapHostBuffer>(req.size));
   Hold(HeldCommand{ir::RecordHeader{.opcode = static_cast<uint16_t>(ir::Opcode::kPeerRecv), .seq = current_seq_}, {}, a,
                    KeysOf(req)});
   Status st = peers_->Expect(req.peer, req.transfer, a->bytes,

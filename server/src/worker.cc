@@ -228,7 +228,10 @@ class ClientBulk : public BulkIO {
               transfers_.load());
     endpoint_->Close(peer);
   }
+  // One transfer at a time: the executor's, and a late reply's (a bulk read that passed
+  // through host memory writes its bytes from the session's waiter), share the staging.
   Status Run(const std::function<Status(FabricBulk&)>& transfer) {
+    std::lock_guard<std::mutex> one_at_a_time(transfer_mu_);
     std::shared_ptr<FabricBulk> bulk;
     {
       std::unique_lock<std::mutex> lock(mu_);
@@ -257,6 +260,7 @@ class ClientBulk : public BulkIO {
   const uint64_t cut_every_;
   const FabricBulk::StagingAlloc alloc_;
   std::atomic<uint64_t> transfers_{0};
+  std::mutex transfer_mu_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::shared_ptr<FabricBulk> current_;

@@ -800,17 +800,16 @@ TEST_F(Tandem, UserEventsAndCallbacks) {
 // among them. None of these may wait natively, so none may wait through Tandem.
 
 // A large non-blocking read (bulk, by RMA) queued behind a kernel gated on a user event, then
-// a query: answered while the gate is shut, and the read lands once it opens.
-// DISABLED, a known limitation (2026-11-28): tandemd reads a bulk transfer's chunks on the
-// session's executor with blocking reads, so the read waits there for the gate and the query
-// behind it, which the program needs answered before it opens the gate, never is. Moving the
-// chunks off the executor needs the stream held behind the read (as a server-to-server
-// write's gate holds it); until then this test hangs.
-TEST_F(Tandem, DISABLED_ALargeReadBehindAUserEventHoldsNoQuery) {
+// a query: answered while the gate is shut, and the read lands once it opens, with what the
+// gated kernel wrote and not what the kernel after it writes. tandemd once read a bulk
+// transfer's chunks on the session's executor with blocking reads: the read waited there for
+// the gate, and the query behind it, which the program needs answered before it opens the
+// gate, never was (the bytes now pass through host memory off the executor).
+TEST_F(Tandem, ALargeReadBehindAUserEventHoldsNoQuery) {
   cl_program p = Build(kSource);
   cl_kernel k = Kernel(p, "inc");
   const size_t n = 1u << 18;  // 1 MiB: well above the inline limit
-  std::vector<int> data(n, 5), back(n, 0);
+  std::vector<int> data(n, 5), back(n, 0), after(n, 0);
   cl_mem m = Buffer(CL_MEM_COPY_HOST_PTR, n * sizeof(int), data.data());
   ASSERT_EQ(clSetKernelArg(k, 0, sizeof m, &m), CL_SUCCESS);
   cl_int err = CL_SUCCESS;
@@ -819,16 +818,52 @@ TEST_F(Tandem, DISABLED_ALargeReadBehindAUserEventHoldsNoQuery) {
   cl_event run = nullptr, read = nullptr;
   ASSERT_EQ(clEnqueueNDRangeKernel(queue_, k, 1, nullptr, &n, nullptr, 1, &gate, &run), CL_SUCCESS);
   ASSERT_EQ(clEnqueueReadBuffer(queue_, m, CL_FALSE, 0, n * sizeof(int), back.data(), 0, nullptr, &read), CL_SUCCESS);
+  ASSERT_EQ(clEnqueueNDRangeKernel(queue_, k, 1, nullptr, &n, nullptr, 0, nullptr, nullptr), CL_SUCCESS);
   cl_int status = CL_COMPLETE;
   ASSERT_EQ(clGetEventInfo(run, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, nullptr), CL_SUCCESS);
   EXPECT_GT(status, CL_COMPLETE);
   ASSERT_EQ(clGetEventInfo(read, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, nullptr), CL_SUCCESS);
   EXPECT_GT(status, CL_COMPLETE);
+  EXPECT_EQ(back[0], 0);  // nothing has landed while the gate is shut
   ASSERT_EQ(clSetUserEventStatus(gate, CL_COMPLETE), CL_SUCCESS);
   ASSERT_EQ(clWaitForEvents(1, &read), CL_SUCCESS);
   EXPECT_EQ(back[0], 6);
   EXPECT_EQ(back[n - 1], 6);
+  ASSERT_EQ(clEnqueueReadBuffer(queue_, m, CL_TRUE, 0, n * sizeof(int), after.data(), 0, nullptr, nullptr),
+            CL_SUCCESS);
+  EXPECT_EQ(after[0], 7);
+  EXPECT_EQ(after[n - 1], 7);
   for (cl_event e : {gate, run, read}) clReleaseEvent(e);
+  clReleaseMemObject(m);
+  clReleaseKernel(k);
+  clReleaseProgram(p);
+}
+
+// The same for a large non-blocking write: queued behind the gated kernel, it neither holds
+// the query nor lands before the kernel has run (the kernel's increment is overwritten).
+TEST_F(Tandem, ALargeWriteBehindAUserEventHoldsNoQuery) {
+  cl_program p = Build(kSource);
+  cl_kernel k = Kernel(p, "inc");
+  const size_t n = 1u << 18;
+  std::vector<int> data(n, 5), fresh(n, 40), back(n, 0);
+  cl_mem m = Buffer(CL_MEM_COPY_HOST_PTR, n * sizeof(int), data.data());
+  ASSERT_EQ(clSetKernelArg(k, 0, sizeof m, &m), CL_SUCCESS);
+  cl_int err = CL_SUCCESS;
+  cl_event gate = clCreateUserEvent(context_, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  cl_event run = nullptr, write = nullptr;
+  ASSERT_EQ(clEnqueueNDRangeKernel(queue_, k, 1, nullptr, &n, nullptr, 1, &gate, &run), CL_SUCCESS);
+  ASSERT_EQ(clEnqueueWriteBuffer(queue_, m, CL_FALSE, 0, n * sizeof(int), fresh.data(), 0, nullptr, &write),
+            CL_SUCCESS);
+  cl_int status = CL_COMPLETE;
+  ASSERT_EQ(clGetEventInfo(write, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, nullptr), CL_SUCCESS);
+  EXPECT_GT(status, CL_COMPLETE);
+  ASSERT_EQ(clSetUserEventStatus(gate, CL_COMPLETE), CL_SUCCESS);
+  ASSERT_EQ(clWaitForEvents(1, &write), CL_SUCCESS);
+  ASSERT_EQ(clEnqueueReadBuffer(queue_, m, CL_TRUE, 0, n * sizeof(int), back.data(), 0, nullptr, nullptr), CL_SUCCESS);
+  EXPECT_EQ(back[0], 40);
+  EXPECT_EQ(back[n - 1], 40);
+  for (cl_event e : {gate, run, write}) clReleaseEvent(e);
   clReleaseMemObject(m);
   clReleaseKernel(k);
   clReleaseProgram(p);

@@ -499,17 +499,28 @@ TEST_F(OpenCLBackendTest, EnqueuedCompleteAloneWithoutUserEventsOrGates) {
   EXPECT_FALSE(be_->OnEventDestroy({62}, &drep).ok());
   ASSERT_TRUE(be_->OnEventDestroy({60}, &drep).ok());
   EXPECT_TRUE(be_->EnqueuedCompleteAlone());
-  // A gate, even released, keeps every later wait on the waiter.
+  // A gate counts until it is set (the thread that sets it counts it down just after), or
+  // failed.
+  auto open_again = [&] {
+    for (int i = 0; i < 500 && !be_->EnqueuedCompleteAlone(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return be_->EnqueuedCompleteAlone();
+  };
   Alloc(1, 64);
   auto pending = be_->WriteFromHost(0, 1, 0, 64, {}, 63);
   ASSERT_TRUE(pending.ok()) << pending.status().ToString();
+  auto second = be_->WriteFromHost(0, 1, 0, 64, {}, 64);
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
   EXPECT_FALSE(be_->EnqueuedCompleteAlone());
   std::fill_n(pending->staging->data(), 64, uint8_t{5});
   pending->release(Status::Ok());
   ir::EventWaitRep wait;
   ASSERT_TRUE(be_->OnEventWait({{63}}, &wait).ok());
   EXPECT_EQ(wait.statuses, ir::i32s{CL_COMPLETE});
-  EXPECT_FALSE(be_->EnqueuedCompleteAlone());
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(be_->EnqueuedCompleteAlone());  // the second gate is still shut
+  second->release(Status(Code::kLinkLost, "the source server went away"));
+  EXPECT_TRUE(open_again());
 }
 
 // The pool itself: 16 distinct slots, none when all are out, each back when its last

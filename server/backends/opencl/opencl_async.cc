@@ -298,12 +298,17 @@ Result<PendingWrite> OpenCLBackend::WriteFromHost(uint64_t stream, uint64_t buff
   cl_int err = CL_SUCCESS;
   auto gate = std::make_shared<EventRef>(clCreateUserEvent(st->context, &err));
   if (err != CL_SUCCESS) return ClError(err, "clCreateUserEvent", "server-to-server gate");
-  gated_ = true;  // from now on a wait may need the gate's release: never in place
+  // Until the gate is set, a wait may need its release: never in place (open_gates_).
+  open_gates_->fetch_add(1);
+  auto set = [gate, open = open_gates_](cl_int status) {
+    clSetUserEventStatus(gate->get(), status);
+    open->fetch_sub(1);
+  };
   e.wait.push_back(gate->get());
   err = clEnqueueCopyBuffer(e.queue, st->tmp->get(), st->buffer->mem.get(), 0, offset, size, e.num_wait(),
                             e.wait_list(), e.signal || TraceClTimes() ? e.event_out(true) : nullptr);
   if (err != CL_SUCCESS) {
-    clSetUserEventStatus(gate->get(), CL_INVALID_OPERATION);
+    set(CL_INVALID_OPERATION);
     return ClError(err, "clEnqueueCopyBuffer", "from server-to-server staging");
   }
   if (TraceClTimes()) TraceTimes(e.done, fmt::format("s2s gated copy {}", size));
@@ -316,17 +321,17 @@ Result<PendingWrite> OpenCLBackend::WriteFromHost(uint64_t stream, uint64_t buff
   // watcher's thread. A failed gate fails the copy and, on PoCL, within the same call every
   // command already waiting on the copy's event; one the executor enqueues right after would
   // never end (see Prepare). So the gate fails under events_mu_, as OnUserEventSet fails events.
-  auto fail = [gate, mu = events_mu_owner_](cl_int status) {
+  auto fail = [set, mu = events_mu_owner_](cl_int status) {
     std::lock_guard<std::mutex> lock(*mu);
-    clSetUserEventStatus(gate->get(), status);
+    set(status);
   };
-  pending.release = [tmp = st->tmp, gate, queue = st->transfer, host, size, fail](const Status& got) {
+  pending.release = [tmp = st->tmp, gate, queue = st->transfer, host, size, set, fail](const Status& got) {
     if (!got.ok()) return fail(FailedStatus(got));
-    EventWatcher::Get().Post([tmp, gate, queue, host, size, fail] {
+    EventWatcher::Get().Post([tmp, gate, queue, host, size, set, fail] {
       log::Trace("s2s write of {} bytes through {}: starts", size, static_cast<void*>(tmp->get()));
       cl_int err = clEnqueueWriteBuffer(queue->get(), tmp->get(), CL_TRUE, 0, size, host->data(), 0, nullptr, nullptr);
       if (err != CL_SUCCESS) return fail(err);
-      clSetUserEventStatus(gate->get(), CL_COMPLETE);
+      set(CL_COMPLETE);
       log::Trace("s2s write of {} bytes through {}: gate set", size, static_cast<void*>(tmp->get()));
     });
   };

@@ -245,7 +245,7 @@ class OpenCLBackend : public Backend {
   bool HoldsForPeers() const override { return true; }
   // No live user event (the program's, or an import's stand-in when not holding) and no
   // server-to-server gate ever made: every enqueued command then waits only on others.
-  bool EnqueuedCompleteAlone() const override { return user_events_ == 0 && !gated_; }
+  bool EnqueuedCompleteAlone() const override { return user_events_ == 0 && open_gates_->load() == 0; }
 
   Status OnDeviceInfo(const ir::DeviceInfoReq&, ir::DeviceInfoRep*) override;
   Status OnDeviceSync(const ir::DeviceSyncReq&, ir::DeviceSyncRep*) override;
@@ -348,6 +348,8 @@ class OpenCLBackend : public Backend {
   Status WriteKeeping(Buffer& b, Enqueue& e, uint64_t offset, std::shared_ptr<HostBuffer> bytes, std::string_view what);
   Status WriteRemote(const ir::BufferWriteReq& req, Buffer& b, Enqueue& e);
   Status ReadRemote(const ir::BufferReadReq& req, Buffer& b, Enqueue& e);
+  bool HostedBulk(uint64_t size);
+  Status ReadThroughHost(const ir::BufferReadReq& req, Buffer& b, Enqueue& e);
   std::shared_ptr<uint8_t> ReadSlot(uint32_t device);
   // The deferred half of a small read, enqueued (and flushed) into `slot`, or into `out`
   // when there is no slot: waits for `read` (taking that reference) off the executor, then
@@ -383,7 +385,10 @@ class OpenCLBackend : public Backend {
   std::shared_ptr<std::atomic<uint64_t>> prepared_ = std::make_shared<std::atomic<uint64_t>>(0);
   size_t prune_markers_at_ = 16;
   void HoldMarker(cl_event marker);  // takes over one reference
-  bool gated_ = false;   // WriteFromHost made a gate (executor only; never cleared)
+  // Server-to-server gates (WriteFromHost) not yet set or failed: while one is, a wait may
+  // need its release. Counted up by the executor, down by the thread that sets the gate, after
+  // it has: zero read by the executor means every gate made so far is open.
+  std::shared_ptr<std::atomic<int>> open_gates_ = std::make_shared<std::atomic<int>>(0);
   // Guards changes to events_ against OnUserEventSet, which runs on the receive thread;
   // the executor, the only writer, reads without it. Also held from a command's wait-list
   // check to its enqueue (Enqueue::no_failures), so OnUserEventSet fails no event between,

@@ -71,8 +71,20 @@ Status OpenCLBackend::OnBufferWrite(const ir::BufferWriteReq& req, ir::BufferWri
     return Status::Invalid("BufferWrite carries both inline data and a remote region");
   if (!HasRemote(req.remote) && req.data.size() != req.size)
     return Status::Invalid(fmt::format("BufferWrite of {} bytes carries {} bytes of data", req.size, req.data.size()));
+  // Through host memory (HostedBulk): the bytes are pulled whole first (before Prepare, which
+  // holds events_mu_ until the enqueue), then written without blocking, in queue order, as an
+  // inline write's are.
+  std::shared_ptr<HostBuffer> pulled;
+  if (HasRemote(req.remote) && bulk_ && HostedBulk(req.size)) {
+    pulled = HostBytesBudget::Counted(host_budget_, std::make_shared<HeapHostBuffer>(req.size));
+    TANDEM_RETURN_IF_ERROR(bulk_->Pull(req.remote, req.size, [&](const uint8_t* chunk, size_t off, size_t n) {
+      std::memcpy(pulled->data() + off, chunk, n);
+      return Status::Ok();
+    }));
+  }
   Enqueue e;
   TANDEM_RETURN_IF_ERROR(Prepare(req.stream, b.value()->device, req.wait, req.signal, &e));
+  if (pulled) return WriteKeeping(*b.value(), e, req.offset, std::move(pulled), "a bulk write through host memory");
   return HasRemote(req.remote) ? WriteRemote(req, *b.value(), e) : WriteInline(req, *b.value(), e);
 }
 
@@ -116,6 +128,14 @@ Status OpenCLBackend::WriteHostBytes(uint64_t stream, uint64_t buffer, uint64_t 
   TANDEM_RETURN_IF_ERROR(WriteKeeping(*b.value(), e, offset, std::move(bytes), "a server-to-server copy's bytes"));
   clFlush(e.queue);
   return Status::Ok();
+}
+
+// Whether a bulk transfer must pass through host memory (HostedBulk): some command enqueued
+// may wait for a user event or another server, so a blocking chunk could wait for what only a
+// later command of the session lets go (the program's query before it opens a gate, a
+// callback's). Takes the bytes from the session's budget; past it, the chunked path.
+bool OpenCLBackend::HostedBulk(uint64_t size) {
+  return !EnqueuedCompleteAlone() && host_budget_ && host_budget_->Take(size);
 }
 
 // By RMA, chunk by chunk: each staging chunk is written to the device (blocking) before
@@ -235,12 +255,41 @@ std::shared_ptr<uint8_t> ReadSlots::Take() {
 // would never return on PoCL (see Prepare), where clWaitForEvents reports the failure.
 Status OpenCLBackend::ReadRemote(const ir::BufferReadReq& req, Buffer& b, Enqueue& e) {
   if (!bulk_) return Status::Invalid("this session has no RMA transport; read inline");
+  if (HostedBulk(req.size)) return ReadThroughHost(req, b, e);
   TANDEM_RETURN_IF_ERROR(WaitOnHost(e));
   TANDEM_RETURN_IF_ERROR(bulk_->Push(req.remote, req.size, [&](uint8_t* chunk, size_t off, size_t n) {
     cl_int err = clEnqueueReadBuffer(e.queue, b.mem.get(), CL_TRUE, req.offset + off, n, chunk, 0, nullptr, nullptr);
     return err == CL_SUCCESS ? Status::Ok() : ClError(err, "clEnqueueReadBuffer", fmt::format("chunk at {}", off));
   }));
   return SignalAfter(e);
+}
+
+// A bulk read while a queue may wait on a user event (HostedBulk): enqueued without blocking,
+// in queue order, into host memory; the late reply's wait, off the executor, waits for it and
+// then writes the bytes to the client, so the commands after it (the query, the callback that
+// opens the gate) go on meanwhile. The client's event completes with that reply, once the
+// bytes are there. `bulk_` is the client's channel, which outlives the session's replies (a
+// server-to-server source's runs the wait before its transfer ends: Session::WithBulk).
+Status OpenCLBackend::ReadThroughHost(const ir::BufferReadReq& req, Buffer& b, Enqueue& e) {
+  auto bytes = HostBytesBudget::Counted(host_budget_, std::make_shared<HeapHostBuffer>(req.size));
+  cl_int err = clEnqueueReadBuffer(e.queue, b.mem.get(), CL_FALSE, req.offset, req.size, bytes->data(),
+                                   e.num_wait(), e.wait_list(), e.event_out(true));
+  if (err != CL_SUCCESS) return ClError(err, "clEnqueueReadBuffer", "a bulk read through host memory");
+  auto done = std::make_shared<EventRef>(e.done);
+  clRetainEvent(e.done);
+  Complete(e);
+  clFlush(e.queue);
+  return ReplyLater(
+      [done, bytes, bulk = bulk_, remote = req.remote, size = req.size] {
+        cl_event ev = done->get();
+        cl_int werr = clWaitForEvents(1, &ev);
+        if (werr != CL_SUCCESS) return ClError(werr, "clWaitForEvents", "a bulk read through host memory");
+        return bulk->Push(remote, size, [&](uint8_t* chunk, size_t off, size_t n) {
+          std::memcpy(chunk, bytes->data() + off, n);
+          return Status::Ok();
+        });
+      },
+      [done] { return Ended(done->get()); });
 }
 
 Status OpenCLBackend::OnBufferCopy(const ir::BufferCopyReq& req, ir::BufferCopyRep*) {

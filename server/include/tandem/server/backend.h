@@ -4,6 +4,7 @@
 // (MakeOpenCLBackend, MakeCudaBackend), never by static initialisers.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -52,6 +53,53 @@ class HeapHostBuffer final : public HostBuffer {
   size_t size_;
 };
 
+// The host memory a session's asynchronous transfers hold at once (server-to-server copies,
+// and the client bulk transfers that pass through host memory while a queue may wait on a
+// user event): a transfer takes its size before it allocates, and gives it back when the
+// last holder of its bytes lets them go (Counted) or when it never allocated (Give). Past
+// the cap a transfer takes its blocking path instead. Thread-safe.
+class HostBytesBudget {
+ public:
+  explicit HostBytesBudget(uint64_t cap) : cap_(cap) {}
+  // Room for `n` more bytes: false, and nothing taken, past the cap.
+  bool Take(uint64_t n) {
+    uint64_t now = used_.load();
+    do {
+      if (n > cap_ || now > cap_ - n) return false;
+    } while (!used_.compare_exchange_weak(now, now + n));
+    return true;
+  }
+  void Give(uint64_t n) { used_.fetch_sub(n); }
+  uint64_t used() const { return used_.load(); }
+  // `buffer`, whose size was taken, given back when it goes.
+  static std::shared_ptr<HostBuffer> Counted(std::shared_ptr<HostBytesBudget> budget,
+                                             std::shared_ptr<HostBuffer> buffer);
+
+ private:
+  const uint64_t cap_;
+  std::atomic<uint64_t> used_{0};
+};
+
+namespace detail {
+class CountedHostBuffer final : public HostBuffer {
+ public:
+  CountedHostBuffer(std::shared_ptr<HostBytesBudget> budget, std::shared_ptr<HostBuffer> inner)
+      : budget_(std::move(budget)), inner_(std::move(inner)) {}
+  ~CountedHostBuffer() override { budget_->Give(inner_->size()); }
+  uint8_t* data() override { return inner_->data(); }
+  size_t size() const override { return inner_->size(); }
+
+ private:
+  std::shared_ptr<HostBytesBudget> budget_;
+  std::shared_ptr<HostBuffer> inner_;
+};
+}  // namespace detail
+
+inline std::shared_ptr<HostBuffer> HostBytesBudget::Counted(std::shared_ptr<HostBytesBudget> budget,
+                                                            std::shared_ptr<HostBuffer> buffer) {
+  return std::make_shared<detail::CountedHostBuffer>(std::move(budget), std::move(buffer));
+}
+
 // A reply's wait that a backend deferred (Backend::ReplyLater): `wait` blocks until the device
 // work the reply waits for is done (or failed) and says how it went. `done`, which must not
 // block, says whether that work has completed yet; the session's late replies use it to send a
@@ -91,10 +139,14 @@ class Backend {
   virtual void LogProfile() {}
   void set_bulk(BulkIO* bulk) { bulk_ = bulk; }
   BulkIO* bulk() const { return bulk_; }
+  // The session's budget for host memory held by asynchronous transfers (set once, by the
+  // session; null: the backend takes no such path).
+  void set_host_budget(std::shared_ptr<HostBytesBudget> budget) { host_budget_ = std::move(budget); }
   // Host memory for the client bulk channel's staging chunks, where the backend's device
   // copies reach it directly (CUDA: pinned), so a chunk needs no copy of its own on the way
   // between the device and the network. kUnimplemented: the channel allocates its own.
-  // Called on the executor thread, inside a transfer.
+  // Called inside a transfer: on the executor, or on the session's waiter for a bulk read that
+  // passed through host memory (the channel runs one transfer at a time).
   virtual Result<std::shared_ptr<HostBuffer>> BulkStaging(size_t n) {
     (void)n;
     return Status(Code::kUnimplemented, "the " + name() + " backend has no staging memory of its own");
@@ -211,6 +263,7 @@ class Backend {
     return ReplyLater(DeferredWait{std::move(wait), std::move(done)});
   }
   BulkIO* bulk_ = nullptr;
+  std::shared_ptr<HostBytesBudget> host_budget_;
 
  private:
   bool defer_allowed_ = false;

@@ -83,7 +83,7 @@ class Session {
   // executor (Backend::ReadToHost / WriteFromHost); larger ones stream in chunks through it.
   // tandemd's TANDEM_ASYNC_PEER_BYTES changes it (0: every copy holds the executor).
   static constexpr uint64_t kAsyncPeerBytes = 64u << 20;
-  // Host bytes that asynchronous copies may hold at once (see TakeAsyncBytes).
+  // Host bytes that asynchronous transfers may hold at once (async_bytes_).
   static constexpr uint64_t kAsyncPeerBudget = 1ull << 30;
   // Bytes that the inline read backs of one request message may ask for, all together.
   static constexpr uint64_t kMaxInlineReplyBytes = 1ull << 30;
@@ -240,11 +240,6 @@ class Session {
   // reply, and its signal fails, once the executor takes it (TakeAsyncFailures).
   void NoteAsyncFailure(ir::Opcode opcode, uint64_t signal, uint64_t stream, const Status& st);
   void TakeAsyncFailures();
-  // Room for `size` more bytes of asynchronous copies (false: over the budget).
-  bool TakeAsyncBytes(uint64_t size);
-  // `buffer`, giving its bytes back to `in_flight` when it goes.
-  static std::shared_ptr<HostBuffer> Counted(std::shared_ptr<HostBuffer> buffer,
-                                             std::shared_ptr<std::atomic<uint64_t>> in_flight);
 
   Backend* backend_;
   PeerLink* peers_ = nullptr;
@@ -293,7 +288,9 @@ class Session {
   };
   std::mutex async_mu_;
   std::vector<AsyncFailure> async_failures_;
-  std::shared_ptr<std::atomic<uint64_t>> async_bytes_ = std::make_shared<std::atomic<uint64_t>>(0);
+  // Host bytes of asynchronous transfers (copies between servers, and the backend's client
+  // transfers through host memory).
+  std::shared_ptr<HostBytesBudget> async_bytes_ = std::make_shared<HostBytesBudget>(kAsyncPeerBudget);
 
   // TANDEM_SERVER_PROFILE=1: time spent on the executor per command, and the latencies of work
   // that finishes off it, logged when the session says goodbye.
