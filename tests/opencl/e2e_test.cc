@@ -98,6 +98,22 @@ class Tandem : public ::testing::Test {
     ASSERT_EQ(clEnqueueMarkerWithWaitList(queue_, 1, gate, marker), CL_SUCCESS);
     ASSERT_EQ(clFlush(queue_), CL_SUCCESS);
   }
+  // `inc` over a buffer of n ints, each 5, enqueued behind a user event (not set); the test
+  // releases what it gets (GatedInc::Release).
+  struct GatedInc {
+    cl_program program = nullptr;
+    cl_kernel kernel = nullptr;
+    cl_mem mem = nullptr;
+    cl_event gate = nullptr, run = nullptr;
+    void Release() {
+      for (cl_event e : {gate, run})
+        if (e) clReleaseEvent(e);
+      if (mem) clReleaseMemObject(mem);
+      if (kernel) clReleaseKernel(kernel);
+      if (program) clReleaseProgram(program);
+    }
+  };
+  void GateInc(size_t n, GatedInc* g);
   cl_command_queue ProfilingQueue() {
     cl_int err = CL_SUCCESS;
     cl_command_queue q = clCreateCommandQueue(context_, device_, CL_QUEUE_PROFILING_ENABLE, &err);
@@ -805,68 +821,66 @@ TEST_F(Tandem, UserEventsAndCallbacks) {
 // transfer's chunks on the session's executor with blocking reads: the read waited there for
 // the gate, and the query behind it, which the program needs answered before it opens the
 // gate, never was (the bytes now pass through host memory off the executor).
-TEST_F(Tandem, ALargeReadBehindAUserEventHoldsNoQuery) {
-  cl_program p = Build(kSource);
-  cl_kernel k = Kernel(p, "inc");
-  const size_t n = 1u << 18;  // 1 MiB: well above the inline limit
-  std::vector<int> data(n, 5), back(n, 0), after(n, 0);
-  cl_mem m = Buffer(CL_MEM_COPY_HOST_PTR, n * sizeof(int), data.data());
-  ASSERT_EQ(clSetKernelArg(k, 0, sizeof m, &m), CL_SUCCESS);
+void Tandem::GateInc(size_t n, GatedInc* g) {
+  g->program = Build(kSource);
+  g->kernel = Kernel(g->program, "inc");
+  std::vector<int> data(n, 5);
+  g->mem = Buffer(CL_MEM_COPY_HOST_PTR, n * sizeof(int), data.data());
+  ASSERT_EQ(clSetKernelArg(g->kernel, 0, sizeof g->mem, &g->mem), CL_SUCCESS);
   cl_int err = CL_SUCCESS;
-  cl_event gate = clCreateUserEvent(context_, &err);
+  g->gate = clCreateUserEvent(context_, &err);
   ASSERT_EQ(err, CL_SUCCESS);
-  cl_event run = nullptr, read = nullptr;
-  ASSERT_EQ(clEnqueueNDRangeKernel(queue_, k, 1, nullptr, &n, nullptr, 1, &gate, &run), CL_SUCCESS);
-  ASSERT_EQ(clEnqueueReadBuffer(queue_, m, CL_FALSE, 0, n * sizeof(int), back.data(), 0, nullptr, &read), CL_SUCCESS);
-  ASSERT_EQ(clEnqueueNDRangeKernel(queue_, k, 1, nullptr, &n, nullptr, 0, nullptr, nullptr), CL_SUCCESS);
+  ASSERT_EQ(clEnqueueNDRangeKernel(queue_, g->kernel, 1, nullptr, &n, nullptr, 1, &g->gate, &g->run), CL_SUCCESS);
+}
+
+TEST_F(Tandem, ALargeReadBehindAUserEventHoldsNoQuery) {
+  const size_t n = 1u << 18;  // 1 MiB: well above the inline limit
+  GatedInc g;
+  ASSERT_NO_FATAL_FAILURE(GateInc(n, &g));
+  std::vector<int> back(n, 0), after(n, 0);
+  cl_event read = nullptr;
+  ASSERT_EQ(clEnqueueReadBuffer(queue_, g.mem, CL_FALSE, 0, n * sizeof(int), back.data(), 0, nullptr, &read),
+            CL_SUCCESS);
+  ASSERT_EQ(clEnqueueNDRangeKernel(queue_, g.kernel, 1, nullptr, &n, nullptr, 0, nullptr, nullptr), CL_SUCCESS);
   cl_int status = CL_COMPLETE;
-  ASSERT_EQ(clGetEventInfo(run, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, nullptr), CL_SUCCESS);
+  ASSERT_EQ(clGetEventInfo(g.run, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, nullptr), CL_SUCCESS);
   EXPECT_GT(status, CL_COMPLETE);
   ASSERT_EQ(clGetEventInfo(read, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, nullptr), CL_SUCCESS);
   EXPECT_GT(status, CL_COMPLETE);
   EXPECT_EQ(back[0], 0);  // nothing has landed while the gate is shut
-  ASSERT_EQ(clSetUserEventStatus(gate, CL_COMPLETE), CL_SUCCESS);
+  ASSERT_EQ(clSetUserEventStatus(g.gate, CL_COMPLETE), CL_SUCCESS);
   ASSERT_EQ(clWaitForEvents(1, &read), CL_SUCCESS);
   EXPECT_EQ(back[0], 6);
   EXPECT_EQ(back[n - 1], 6);
-  ASSERT_EQ(clEnqueueReadBuffer(queue_, m, CL_TRUE, 0, n * sizeof(int), after.data(), 0, nullptr, nullptr),
+  ASSERT_EQ(clEnqueueReadBuffer(queue_, g.mem, CL_TRUE, 0, n * sizeof(int), after.data(), 0, nullptr, nullptr),
             CL_SUCCESS);
   EXPECT_EQ(after[0], 7);
   EXPECT_EQ(after[n - 1], 7);
-  for (cl_event e : {gate, run, read}) clReleaseEvent(e);
-  clReleaseMemObject(m);
-  clReleaseKernel(k);
-  clReleaseProgram(p);
+  clReleaseEvent(read);
+  g.Release();
 }
 
 // The same for a large non-blocking write: queued behind the gated kernel, it neither holds
 // the query nor lands before the kernel has run (the kernel's increment is overwritten).
 TEST_F(Tandem, ALargeWriteBehindAUserEventHoldsNoQuery) {
-  cl_program p = Build(kSource);
-  cl_kernel k = Kernel(p, "inc");
   const size_t n = 1u << 18;
-  std::vector<int> data(n, 5), fresh(n, 40), back(n, 0);
-  cl_mem m = Buffer(CL_MEM_COPY_HOST_PTR, n * sizeof(int), data.data());
-  ASSERT_EQ(clSetKernelArg(k, 0, sizeof m, &m), CL_SUCCESS);
-  cl_int err = CL_SUCCESS;
-  cl_event gate = clCreateUserEvent(context_, &err);
-  ASSERT_EQ(err, CL_SUCCESS);
-  cl_event run = nullptr, write = nullptr;
-  ASSERT_EQ(clEnqueueNDRangeKernel(queue_, k, 1, nullptr, &n, nullptr, 1, &gate, &run), CL_SUCCESS);
-  ASSERT_EQ(clEnqueueWriteBuffer(queue_, m, CL_FALSE, 0, n * sizeof(int), fresh.data(), 0, nullptr, &write),
+  GatedInc g;
+  ASSERT_NO_FATAL_FAILURE(GateInc(n, &g));
+  std::vector<int> fresh(n, 40), back(n, 0);
+  cl_event write = nullptr;
+  ASSERT_EQ(clEnqueueWriteBuffer(queue_, g.mem, CL_FALSE, 0, n * sizeof(int), fresh.data(), 0, nullptr, &write),
             CL_SUCCESS);
   cl_int status = CL_COMPLETE;
   ASSERT_EQ(clGetEventInfo(write, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, nullptr), CL_SUCCESS);
   EXPECT_GT(status, CL_COMPLETE);
-  ASSERT_EQ(clSetUserEventStatus(gate, CL_COMPLETE), CL_SUCCESS);
+  ASSERT_EQ(clSetUserEventStatus(g.gate, CL_COMPLETE), CL_SUCCESS);
   ASSERT_EQ(clWaitForEvents(1, &write), CL_SUCCESS);
-  ASSERT_EQ(clEnqueueReadBuffer(queue_, m, CL_TRUE, 0, n * sizeof(int), back.data(), 0, nullptr, nullptr), CL_SUCCESS);
+  ASSERT_EQ(clEnqueueReadBuffer(queue_, g.mem, CL_TRUE, 0, n * sizeof(int), back.data(), 0, nullptr, nullptr),
+            CL_SUCCESS);
   EXPECT_EQ(back[0], 40);
   EXPECT_EQ(back[n - 1], 40);
-  for (cl_event e : {gate, run, write}) clReleaseEvent(e);
-  clReleaseMemObject(m);
-  clReleaseKernel(k);
-  clReleaseProgram(p);
+  clReleaseEvent(write);
+  g.Release();
 }
 
 // A thread waits for a kernel gated on a user event that a callback of an earlier kernel sets:
