@@ -70,7 +70,6 @@ int32_t FailedEventStatus(const Status& st) {
 Session::Session(Backend* backend, uint64_t session_key, bool defer_replies)
     : backend_(backend), session_key_(session_key) {
   backend_->AllowDeferredReplies(defer_replies);
-  backend_->set_host_budget(async_bytes_);
   profile_ = Profile::FromEnv();
   // Only where the backend asks for it: CUDA's legacy default stream, which waits for every
   // other stream, is not modelled by holding's per-stream order.
@@ -423,9 +422,10 @@ Status Session::Call(const Req& req, typename Req::Reply* rep) {
 // backend deferred is waited for here: these commands answer nobody.
 Status Session::WithBulk(BulkIO* io, const std::function<Status()>& run) {
   BulkIO* saved = backend_->bulk();
-  backend_->set_bulk(io);
+  const bool client = backend_->bulk_is_client();
+  backend_->set_bulk(io, io == saved && client);
   Status st = run();
-  backend_->set_bulk(saved);
+  backend_->set_bulk(saved, client);
   if (auto wait = backend_->TakeDeferredReply()) {
     Status done = wait();
     if (st.ok()) st = done;

@@ -189,8 +189,12 @@ class ClientBulk : public BulkIO {
     current_.reset();
     cv_.notify_all();
   }
+  // One transfer at a time: the executor's, and a late reply's (a bulk read that passed
+  // through host memory writes its bytes from the session's waiter), share the staging; the
+  // fault injection's count and cut belong to the transfer that runs.
   Status Pull(const ir::Region& remote, size_t len,
               const std::function<Status(const uint8_t* chunk, size_t offset, size_t n)>& sink) override {
+    std::lock_guard<std::mutex> one_at_a_time(transfer_mu_);
     bool cut = CutThisOne();
     // A transfer of one chunk is cut before its read is posted (at its sink, the read would
     // already be done); a longer one at its first chunk, the next ones already being read.
@@ -204,6 +208,7 @@ class ClientBulk : public BulkIO {
   }
   Status Push(const ir::Region& remote, size_t len,
               const std::function<Status(uint8_t* chunk, size_t offset, size_t n)>& source) override {
+    std::lock_guard<std::mutex> one_at_a_time(transfer_mu_);
     bool cut = CutThisOne();
     return Run([&](FabricBulk& b) {
       return b.Push(remote, len, [&](uint8_t* chunk, size_t offset, size_t n) {
@@ -228,10 +233,7 @@ class ClientBulk : public BulkIO {
               transfers_.load());
     endpoint_->Close(peer);
   }
-  // One transfer at a time: the executor's, and a late reply's (a bulk read that passed
-  // through host memory writes its bytes from the session's waiter), share the staging.
   Status Run(const std::function<Status(FabricBulk&)>& transfer) {
-    std::lock_guard<std::mutex> one_at_a_time(transfer_mu_);
     std::shared_ptr<FabricBulk> bulk;
     {
       std::unique_lock<std::mutex> lock(mu_);
@@ -668,7 +670,7 @@ int RunWorker(const WorkerOptions& opt) {
         const bool resumable = ir::ParseBatch(e.data, ir::BatchKind::kRequests, &first).ok() && !first.empty() &&
                                (first[0].header.flags & ir::kRecordResumable);
         bulk.Connect(e.peer);
-        backend.value()->set_bulk(&bulk);
+        backend.value()->set_bulk(&bulk, /*client=*/true);
         BatchOutcome out = session.HandleBatch(e.data);
         if (!out.reply.empty()) {
           Status st = ep->Send(e.peer, std::move(out.reply));

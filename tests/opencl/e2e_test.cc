@@ -860,6 +860,31 @@ TEST_F(Tandem, ALargeReadBehindAUserEventHoldsNoQuery) {
   g.Release();
 }
 
+// What follows a large read on its queue completes only once the read's bytes are in the
+// program's memory: a marker after it, polled from when the gate opens, never says CL_COMPLETE
+// before the last byte has landed (the read's device copy ends well before its bytes do).
+TEST_F(Tandem, WhatFollowsALargeReadCompletesAfterItsBytesLand) {
+  const size_t n = 1u << 21;  // 8 MiB
+  GatedInc g;
+  ASSERT_NO_FATAL_FAILURE(GateInc(n, &g));
+  std::vector<int> back(n, 0);
+  cl_event read = nullptr, after = nullptr;
+  ASSERT_EQ(clEnqueueReadBuffer(queue_, g.mem, CL_FALSE, 0, n * sizeof(int), back.data(), 0, nullptr, &read),
+            CL_SUCCESS);
+  ASSERT_EQ(clEnqueueMarkerWithWaitList(queue_, 0, nullptr, &after), CL_SUCCESS);
+  ASSERT_EQ(clSetUserEventStatus(g.gate, CL_COMPLETE), CL_SUCCESS);
+  cl_int status = CL_QUEUED;
+  for (auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+       status != CL_COMPLETE && std::chrono::steady_clock::now() < until;)
+    ASSERT_EQ(clGetEventInfo(after, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, nullptr), CL_SUCCESS);
+  ASSERT_EQ(status, CL_COMPLETE);
+  EXPECT_EQ(back[n - 1], 6);
+  EXPECT_EQ(back[0], 6);
+  ASSERT_EQ(clWaitForEvents(1, &read), CL_SUCCESS);
+  for (cl_event e : {read, after}) clReleaseEvent(e);
+  g.Release();
+}
+
 // The same for a large non-blocking write: queued behind the gated kernel, it neither holds
 // the query nor lands before the kernel has run (the kernel's increment is overwritten).
 TEST_F(Tandem, ALargeWriteBehindAUserEventHoldsNoQuery) {

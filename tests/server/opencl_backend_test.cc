@@ -583,6 +583,73 @@ TEST_F(OpenCLBackendTest, RmaWriteAndReadGoThroughChunks) {
   EXPECT_EQ(st.code(), Code::kInvalidArgument);
 }
 
+// Behind a live user event, on the client's channel with deferred replies, bulk transfers
+// pass through host memory: the write is pulled at once and enqueued without blocking; the
+// read's bytes reach the client in its deferred reply, after the gate, and its signal (a
+// marker on our landing gate) completes only then. A failed gate gives the write's bytes back
+// to the budget although PoCL calls no completion callback for it.
+TEST_F(OpenCLBackendTest, BulkTransfersBehindAUserEventPassThroughHostMemory) {
+  auto* cl = dynamic_cast<opencl::OpenCLBackend*>(be_.get());
+  ASSERT_NE(cl, nullptr);
+  be_->set_bulk(&bulk_, /*client=*/true);
+  be_->AllowDeferredReplies(true);
+  constexpr size_t kSize = 10 * MemoryBulk::kChunk;
+  Alloc(1, kSize);
+  ir::EventCreateRep erep;
+  ASSERT_TRUE(be_->OnEventCreate({80, 0, ir::kEventUser}, &erep).ok());
+  ir::bytes host(kSize, 7), back(kSize, 0);
+  ir::BufferWriteRep wrep;
+  Status st = be_->OnBufferWrite(
+      {0, 1, 0, kSize, {}, ir::Region{reinterpret_cast<uint64_t>(host.data()), kSize, 1}, {80}, 81}, &wrep);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_FALSE(be_->TakeDeferredReply());
+  EXPECT_EQ(cl->hosted_bytes_in_use(), kSize);
+  ir::BufferReadRep rrep;
+  st = be_->OnBufferRead({0, 1, 0, kSize, ir::Region{reinterpret_cast<uint64_t>(back.data()), kSize, 1}, {}, 82},
+                         &rrep);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  DeferredWait read = be_->TakeDeferredReply();
+  ASSERT_TRUE(read);
+  EXPECT_EQ(cl->hosted_bytes_in_use(), 2 * kSize);
+  ir::EventQueryRep q;
+  ASSERT_TRUE(be_->OnEventQuery({82}, &q).ok());
+  EXPECT_GT(q.status, CL_COMPLETE);
+  ir::UserEventSetRep urep;
+  ASSERT_TRUE(be_->OnUserEventSet({80, CL_COMPLETE}, &urep).ok());
+  // The device read can end now, but the signal waits for the bytes to be at the client.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!read.done() && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_TRUE(read.done());
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_TRUE(be_->OnEventQuery({82}, &q).ok());
+  EXPECT_GT(q.status, CL_COMPLETE);
+  EXPECT_EQ(back[0], 0);
+  st = read();
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(back, host);
+  ir::EventWaitRep w;
+  ASSERT_TRUE(be_->OnEventWait({{82}}, &w).ok());
+  if (auto wait = be_->TakeDeferredReply()) {
+    ASSERT_TRUE(wait().ok());
+  }
+  EXPECT_EQ(w.statuses, ir::i32s{CL_COMPLETE});
+  read = {};
+  EXPECT_EQ(cl->hosted_bytes_in_use(), 0u);
+
+  // A write behind a user event that fails.
+  ASSERT_TRUE(be_->OnEventCreate({83, 0, ir::kEventUser}, &erep).ok());
+  st = be_->OnBufferWrite(
+      {0, 1, 0, kSize, {}, ir::Region{reinterpret_cast<uint64_t>(host.data()), kSize, 1}, {83}, 84}, &wrep);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(cl->hosted_bytes_in_use(), kSize);
+  ASSERT_TRUE(be_->OnUserEventSet({83, -42}, &urep).ok());
+  for (int i = 0; i < 500 && cl->hosted_bytes_in_use() != 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(cl->hosted_bytes_in_use(), 0u);
+  be_->AllowDeferredReplies(false);
+}
+
 constexpr const char* kKernels = R"(
 typedef struct { int a; float b; } pair_t;
 __kernel void combine(__global int* out, int s, pair_t p, __local int* tmp) {

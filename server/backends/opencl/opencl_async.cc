@@ -46,13 +46,12 @@ class MappedHostBuffer final : public HostBuffer {
   std::string what_;
 };
 
-// A status for a user event that must fail: negative, as OpenCL requires.
+}  // namespace
+
 cl_int FailedStatus(const Status& st) {
   if (st.api() == Api::kOpenCL && st.native() < 0) return st.native();
   return -(ir::kEventFailedTandem + static_cast<cl_int>(st.code()));
 }
-
-}  // namespace
 
 EventWatcher& EventWatcher::Get() {
   static EventWatcher* w = new EventWatcher;  // its threads outlive every backend
@@ -286,6 +285,15 @@ Status OpenCLBackend::ReadToHost(uint64_t stream, uint64_t buffer, uint64_t offs
   return Status::Ok();
 }
 
+Result<std::shared_ptr<Gate>> Gate::Make(cl_context context, std::shared_ptr<std::atomic<int>> open,
+                                         std::shared_ptr<std::mutex> events_mu, const char* what) {
+  cl_int err = CL_SUCCESS;
+  cl_event event = clCreateUserEvent(context, &err);
+  if (err != CL_SUCCESS) return ClError(err, "clCreateUserEvent", what);
+  open->fetch_add(1);
+  return std::shared_ptr<Gate>(new Gate(event, std::move(open), std::move(events_mu)));
+}
+
 // The stream copies the range in from a device buffer of the transfer's own, held by a user
 // event; release writes the bytes into that buffer (blocking, on the transfer queue) and then
 // sets the event, or fails it. (Writing the program's buffer itself from the transfer queue
@@ -295,20 +303,16 @@ Result<PendingWrite> OpenCLBackend::WriteFromHost(uint64_t stream, uint64_t buff
   auto st = Stage(stream, buffer, offset, size, wait, signal);
   if (!st.ok()) return st.status();
   Enqueue& e = st->e;
-  cl_int err = CL_SUCCESS;
-  auto gate = std::make_shared<EventRef>(clCreateUserEvent(st->context, &err));
-  if (err != CL_SUCCESS) return ClError(err, "clCreateUserEvent", "server-to-server gate");
   // Until the gate is set, a wait may need its release: never in place (open_gates_).
-  open_gates_->fetch_add(1);
-  auto set = [gate, open = open_gates_](cl_int status) {
-    clSetUserEventStatus(gate->get(), status);
-    open->fetch_sub(1);
-  };
+  auto made = Gate::Make(st->context, open_gates_, events_mu_owner_, "server-to-server gate");
+  if (!made.ok()) return made.status();
+  std::shared_ptr<Gate> gate = std::move(made.value());
   e.wait.push_back(gate->get());
-  err = clEnqueueCopyBuffer(e.queue, st->tmp->get(), st->buffer->mem.get(), 0, offset, size, e.num_wait(),
-                            e.wait_list(), e.signal || TraceClTimes() ? e.event_out(true) : nullptr);
+  cl_int err = clEnqueueCopyBuffer(e.queue, st->tmp->get(), st->buffer->mem.get(), 0, offset, size, e.num_wait(),
+                                   e.wait_list(), e.signal || TraceClTimes() ? e.event_out(true) : nullptr);
   if (err != CL_SUCCESS) {
-    set(CL_INVALID_OPERATION);
+    e.EndFailureCheck();  // Fail takes events_mu_; nothing waits on the gate yet
+    gate->Fail(CL_INVALID_OPERATION);
     return ClError(err, "clEnqueueCopyBuffer", "from server-to-server staging");
   }
   if (TraceClTimes()) TraceTimes(e.done, fmt::format("s2s gated copy {}", size));
@@ -318,20 +322,14 @@ Result<PendingWrite> OpenCLBackend::WriteFromHost(uint64_t stream, uint64_t buff
   PendingWrite pending;
   pending.staging = host;
   // Runs where the bytes arrived (the worker's receive thread): the blocking write goes to the
-  // watcher's thread. A failed gate fails the copy and, on PoCL, within the same call every
-  // command already waiting on the copy's event; one the executor enqueues right after would
-  // never end (see Prepare). So the gate fails under events_mu_, as OnUserEventSet fails events.
-  auto fail = [set, mu = events_mu_owner_](cl_int status) {
-    std::lock_guard<std::mutex> lock(*mu);
-    set(status);
-  };
-  pending.release = [tmp = st->tmp, gate, queue = st->transfer, host, size, set, fail](const Status& got) {
-    if (!got.ok()) return fail(FailedStatus(got));
-    EventWatcher::Get().Post([tmp, gate, queue, host, size, set, fail] {
+  // watcher's thread. A failed gate fails the copy (Gate::Fail).
+  pending.release = [tmp = st->tmp, gate, queue = st->transfer, host, size](const Status& got) {
+    if (!got.ok()) return gate->Fail(FailedStatus(got));
+    EventWatcher::Get().Post([tmp, gate, queue, host, size] {
       log::Trace("s2s write of {} bytes through {}: starts", size, static_cast<void*>(tmp->get()));
       cl_int err = clEnqueueWriteBuffer(queue->get(), tmp->get(), CL_TRUE, 0, size, host->data(), 0, nullptr, nullptr);
-      if (err != CL_SUCCESS) return fail(err);
-      set(CL_COMPLETE);
+      if (err != CL_SUCCESS) return gate->Fail(err);
+      gate->Open();
       log::Trace("s2s write of {} bytes through {}: gate set", size, static_cast<void*>(tmp->get()));
     });
   };

@@ -73,6 +73,8 @@ Result<std::unique_ptr<Backend>> Open(const BackendOptions& options);
 
 // "clXxx failed: CL_INVALID_VALUE (-30)[: detail]" as a native OpenCL status.
 Status ClError(cl_int err, std::string_view call, std::string_view detail = {});
+// A status for a user event that must fail: negative, as OpenCL requires.
+cl_int FailedStatus(const Status& st);
 // Without blocking: whether `event` has completed or failed (DeferredWait::done). A failed
 // query counts as ended: its wait, which queries the same event, ends too.
 bool Ended(cl_event event);
@@ -230,6 +232,37 @@ class EventWatcher {
   const std::shared_ptr<Profile> profile_ = Profile::FromEnv();
 };
 
+// A user event the backend holds commands behind until a transfer lets them go (a
+// server-to-server copy's bytes arrived, a read's bytes reached the client). It counts in
+// `open` (OpenCLBackend::open_gates_) until set or failed, once, whichever caller comes first
+// (a link loss may fail it while its transfer does too). A failure is set under `events_mu`:
+// on PoCL a failed gate fails, within the same call, every command already waiting on what it
+// holds, and one the executor enqueues in between would never end (see Prepare).
+class Gate {
+ public:
+  static Result<std::shared_ptr<Gate>> Make(cl_context context, std::shared_ptr<std::atomic<int>> open,
+                                            std::shared_ptr<std::mutex> events_mu, const char* what);
+  cl_event get() const { return event_.get(); }
+  void Open() { Set(CL_COMPLETE); }
+  void Fail(cl_int status) {
+    std::lock_guard<std::mutex> lock(*events_mu_);
+    Set(status);
+  }
+
+ private:
+  Gate(cl_event event, std::shared_ptr<std::atomic<int>> open, std::shared_ptr<std::mutex> events_mu)
+      : event_(event), open_(std::move(open)), events_mu_(std::move(events_mu)) {}
+  void Set(cl_int status) {
+    if (set_.exchange(true)) return;
+    clSetUserEventStatus(event_.get(), status);
+    open_->fetch_sub(1);
+  }
+  EventRef event_;
+  std::shared_ptr<std::atomic<int>> open_;
+  std::shared_ptr<std::mutex> events_mu_;
+  std::atomic<bool> set_{false};
+};
+
 class OpenCLBackend : public Backend {
  public:
   OpenCLBackend(std::vector<Device> devices, std::string name);
@@ -244,8 +277,10 @@ class OpenCLBackend : public Backend {
   // dependencies were met is submitted within microseconds.
   bool HoldsForPeers() const override { return true; }
   // No live user event (the program's, or an import's stand-in when not holding) and no
-  // server-to-server gate ever made: every enqueued command then waits only on others.
+  // gate of ours not yet set (Gate): every enqueued command then waits only on others.
   bool EnqueuedCompleteAlone() const override { return user_events_ == 0 && open_gates_->load() == 0; }
+  // Bytes that bulk transfers through host memory hold now (tests).
+  uint64_t hosted_bytes_in_use() const { return hosted_bytes_->used(); }
 
   Status OnDeviceInfo(const ir::DeviceInfoReq&, ir::DeviceInfoRep*) override;
   Status OnDeviceSync(const ir::DeviceSyncReq&, ir::DeviceSyncRep*) override;
@@ -345,11 +380,14 @@ class OpenCLBackend : public Backend {
   // ---- memory (opencl_memory.cc) ----
   Status WriteInline(const ir::BufferWriteReq& req, Buffer& b, Enqueue& e);
   // A non-blocking write of `bytes` at `offset`, which it keeps until the write is done.
-  Status WriteKeeping(Buffer& b, Enqueue& e, uint64_t offset, std::shared_ptr<HostBuffer> bytes, std::string_view what);
+  Status WriteKeeping(Buffer& b, Enqueue& e, uint64_t offset, std::shared_ptr<HostBuffer> bytes, std::string_view what,
+                      bool watched = false);
   Status WriteRemote(const ir::BufferWriteReq& req, Buffer& b, Enqueue& e);
   Status ReadRemote(const ir::BufferReadReq& req, Buffer& b, Enqueue& e);
-  bool HostedBulk(uint64_t size);
-  Status ReadThroughHost(const ir::BufferReadReq& req, Buffer& b, Enqueue& e);
+  // A buffer of `size` bytes, counted in hosted_bytes_, for a bulk transfer that must pass
+  // through host memory; null when it need not or cannot (the chunked path then).
+  std::shared_ptr<HostBuffer> HostedBulk(uint64_t size);
+  Status ReadThroughHost(const ir::BufferReadReq& req, Buffer& b, Enqueue& e, std::shared_ptr<HostBuffer> bytes);
   std::shared_ptr<uint8_t> ReadSlot(uint32_t device);
   // The deferred half of a small read, enqueued (and flushed) into `slot`, or into `out`
   // when there is no slot: waits for `read` (taking that reference) off the executor, then
@@ -385,10 +423,14 @@ class OpenCLBackend : public Backend {
   std::shared_ptr<std::atomic<uint64_t>> prepared_ = std::make_shared<std::atomic<uint64_t>>(0);
   size_t prune_markers_at_ = 16;
   void HoldMarker(cl_event marker);  // takes over one reference
-  // Server-to-server gates (WriteFromHost) not yet set or failed: while one is, a wait may
-  // need its release. Counted up by the executor, down by the thread that sets the gate, after
-  // it has: zero read by the executor means every gate made so far is open.
+  // Gates (WriteFromHost's, ReadThroughHost's) not yet set or failed: while one is, a wait
+  // may need its release. Counted up by the executor, down by the thread that sets the gate,
+  // after it has: zero read by the executor means every gate made so far is set.
   std::shared_ptr<std::atomic<int>> open_gates_ = std::make_shared<std::atomic<int>>(0);
+  // The host memory of bulk transfers through host memory (HostedBulk), apart from the
+  // session's server-to-server budget so they never push those copies onto their blocking path.
+  static constexpr uint64_t kHostedBulkBytes = 1ull << 30;
+  std::shared_ptr<HostBytesBudget> hosted_bytes_ = std::make_shared<HostBytesBudget>(kHostedBulkBytes);
   // Guards changes to events_ against OnUserEventSet, which runs on the receive thread;
   // the executor, the only writer, reads without it. Also held from a command's wait-list
   // check to its enqueue (Enqueue::no_failures), so OnUserEventSet fails no event between,

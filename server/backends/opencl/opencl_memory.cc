@@ -74,9 +74,8 @@ Status OpenCLBackend::OnBufferWrite(const ir::BufferWriteReq& req, ir::BufferWri
   // Through host memory (HostedBulk): the bytes are pulled whole first (before Prepare, which
   // holds events_mu_ until the enqueue), then written without blocking, in queue order, as an
   // inline write's are.
-  std::shared_ptr<HostBuffer> pulled;
-  if (HasRemote(req.remote) && bulk_ && HostedBulk(req.size)) {
-    pulled = HostBytesBudget::Counted(host_budget_, std::make_shared<HeapHostBuffer>(req.size));
+  std::shared_ptr<HostBuffer> pulled = HasRemote(req.remote) ? HostedBulk(req.size) : nullptr;
+  if (pulled) {
     TANDEM_RETURN_IF_ERROR(bulk_->Pull(req.remote, req.size, [&](const uint8_t* chunk, size_t off, size_t n) {
       std::memcpy(pulled->data() + off, chunk, n);
       return Status::Ok();
@@ -84,17 +83,24 @@ Status OpenCLBackend::OnBufferWrite(const ir::BufferWriteReq& req, ir::BufferWri
   }
   Enqueue e;
   TANDEM_RETURN_IF_ERROR(Prepare(req.stream, b.value()->device, req.wait, req.signal, &e));
-  if (pulled) return WriteKeeping(*b.value(), e, req.offset, std::move(pulled), "a bulk write through host memory");
+  if (pulled) return WriteKeeping(*b.value(), e, req.offset, std::move(pulled), "a bulk write through host memory", true);
   return HasRemote(req.remote) ? WriteRemote(req, *b.value(), e) : WriteInline(req, *b.value(), e);
 }
 
 // Non-blocking, so a write that waits on a user event does not stall the session: `bytes`
-// live until the write's event completes.
+// live until the write's event completes. `watched`: until it ends, failed too, as the
+// EventWatcher sees it; PoCL 3.1 never calls a CL_COMPLETE callback of a command that failed
+// through a user event, which would keep counted bytes (HostedBulk) for good.
 Status OpenCLBackend::WriteKeeping(Buffer& b, Enqueue& e, uint64_t offset, std::shared_ptr<HostBuffer> bytes,
-                                   std::string_view what) {
+                                   std::string_view what, bool watched) {
   cl_int err = clEnqueueWriteBuffer(e.queue, b.mem.get(), CL_FALSE, offset, bytes->size(), bytes->data(), e.num_wait(),
                                     e.wait_list(), e.event_out(true));
   if (err != CL_SUCCESS) return ClError(err, "clEnqueueWriteBuffer", what);
+  if (watched && clRetainEvent(e.done) == CL_SUCCESS) {
+    EventWatcher::Get().Watch(e.done, [bytes = std::move(bytes)](cl_int) {});
+    Complete(e);
+    return Status::Ok();
+  }
   auto keep = std::make_unique<std::shared_ptr<HostBuffer>>(std::move(bytes));
   err = clSetEventCallback(e.done, CL_COMPLETE, ReleaseHostBytes, keep.get());
   if (err == CL_SUCCESS) {
@@ -130,12 +136,22 @@ Status OpenCLBackend::WriteHostBytes(uint64_t stream, uint64_t buffer, uint64_t 
   return Status::Ok();
 }
 
-// Whether a bulk transfer must pass through host memory (HostedBulk): some command enqueued
-// may wait for a user event or another server, so a blocking chunk could wait for what only a
-// later command of the session lets go (the program's query before it opens a gate, a
-// callback's). Takes the bytes from the session's budget; past it, the chunked path.
-bool OpenCLBackend::HostedBulk(uint64_t size) {
-  return !EnqueuedCompleteAlone() && host_budget_ && host_budget_->Take(size);
+// Whether a bulk transfer must pass through host memory: some command enqueued may wait for a
+// user event or another server, so a blocking chunk could wait for what only a later command
+// of the session lets go (the program's query before it opens a gate, a callback's). Only on
+// the client's channel with deferred replies (a server-to-server transfer's channel lasts for
+// its command only, and without deferral the read's wait would run right here anyway). Past
+// the budget, or without the memory, the chunked path.
+std::shared_ptr<HostBuffer> OpenCLBackend::HostedBulk(uint64_t size) {
+  if (!bulk_ || !bulk_is_client() || !deferred_replies_allowed() || EnqueuedCompleteAlone()) return nullptr;
+  if (!hosted_bytes_->Take(size)) return nullptr;
+  auto bytes = HeapHostBuffer::TryMake(size);
+  if (!bytes) {
+    hosted_bytes_->Give(size);
+    log::Warn("no host memory for a bulk transfer of {} bytes behind a user event; it runs chunk by chunk", size);
+    return nullptr;
+  }
+  return HostBytesBudget::Counted(hosted_bytes_, std::move(bytes));
 }
 
 // By RMA, chunk by chunk: each staging chunk is written to the device (blocking) before
@@ -255,7 +271,7 @@ std::shared_ptr<uint8_t> ReadSlots::Take() {
 // would never return on PoCL (see Prepare), where clWaitForEvents reports the failure.
 Status OpenCLBackend::ReadRemote(const ir::BufferReadReq& req, Buffer& b, Enqueue& e) {
   if (!bulk_) return Status::Invalid("this session has no RMA transport; read inline");
-  if (HostedBulk(req.size)) return ReadThroughHost(req, b, e);
+  if (auto bytes = HostedBulk(req.size)) return ReadThroughHost(req, b, e, std::move(bytes));
   TANDEM_RETURN_IF_ERROR(WaitOnHost(e));
   TANDEM_RETURN_IF_ERROR(bulk_->Push(req.remote, req.size, [&](uint8_t* chunk, size_t off, size_t n) {
     cl_int err = clEnqueueReadBuffer(e.queue, b.mem.get(), CL_TRUE, req.offset + off, n, chunk, 0, nullptr, nullptr);
@@ -267,27 +283,55 @@ Status OpenCLBackend::ReadRemote(const ir::BufferReadReq& req, Buffer& b, Enqueu
 // A bulk read while a queue may wait on a user event (HostedBulk): enqueued without blocking,
 // in queue order, into host memory; the late reply's wait, off the executor, waits for it and
 // then writes the bytes to the client, so the commands after it (the query, the callback that
-// opens the gate) go on meanwhile. The client's event completes with that reply, once the
-// bytes are there. `bulk_` is the client's channel, which outlives the session's replies (a
-// server-to-server source's runs the wait before its transfer ends: Session::WithBulk).
-Status OpenCLBackend::ReadThroughHost(const ir::BufferReadReq& req, Buffer& b, Enqueue& e) {
-  auto bytes = HostBytesBudget::Counted(host_budget_, std::make_shared<HeapHostBuffer>(req.size));
-  cl_int err = clEnqueueReadBuffer(e.queue, b.mem.get(), CL_FALSE, req.offset, req.size, bytes->data(),
-                                   e.num_wait(), e.wait_list(), e.event_out(true));
-  if (err != CL_SUCCESS) return ClError(err, "clEnqueueReadBuffer", "a bulk read through host memory");
-  auto done = std::make_shared<EventRef>(e.done);
-  clRetainEvent(e.done);
+// opens the gate) go on meanwhile. Behind the read, a marker on a gate of ours that the reply
+// sets once the bytes are at the client (or fails, if they never get there) carries the
+// command's signal and holds the queue: nothing after it on the queue, and no wait for its
+// event, completes before the bytes have landed, as when the chunks ran on the executor; and
+// while that gate is open, later bulk transfers pass through host memory too, so their replies
+// leave after this one (LateReplies).
+Status OpenCLBackend::ReadThroughHost(const ir::BufferReadReq& req, Buffer& b, Enqueue& e,
+                                      std::shared_ptr<HostBuffer> bytes) {
+  if (req.size > req.remote.len)
+    return Status::Invalid(fmt::format("read of {} bytes exceeds the client region of {} bytes", req.size,
+                                       req.remote.len));
+  auto made = Gate::Make(devices_[e.device].context.get(), open_gates_, events_mu_owner_, "a read's landing gate");
+  if (!made.ok()) return made.status();
+  std::shared_ptr<Gate> landed = std::move(made.value());
+  cl_event read = nullptr;
+  cl_int err = clEnqueueReadBuffer(e.queue, b.mem.get(), CL_FALSE, req.offset, req.size, bytes->data(), e.num_wait(),
+                                   e.wait_list(), &read);
+  if (err != CL_SUCCESS) {
+    e.EndFailureCheck();  // Fail takes events_mu_; nothing waits on the gate
+    landed->Fail(CL_INVALID_OPERATION);
+    return ClError(err, "clEnqueueReadBuffer", "a bulk read through host memory");
+  }
+  auto done = std::make_shared<EventRef>(read);
+  cl_event gate = landed->get();
+  err = clEnqueueMarkerWithWaitList(e.queue, 1, &gate, e.event_out(true));
+  if (err != CL_SUCCESS) {
+    // The read is enqueued: the reply still waits for it, and the bytes still go to the client.
+    log::Warn("a bulk read's landing marker: {}", ClError(err, "clEnqueueMarkerWithWaitList").ToString());
+    e.done = nullptr;
+  }
+  cl_event held = e.done;  // held_markers_
+  if (held && clRetainEvent(held) != CL_SUCCESS) held = nullptr;
   Complete(e);
+  if (held) HoldMarker(held);
   clFlush(e.queue);
   return ReplyLater(
-      [done, bytes, bulk = bulk_, remote = req.remote, size = req.size] {
+      [done, bytes, landed, bulk = bulk_, remote = req.remote, size = req.size] {
         cl_event ev = done->get();
         cl_int werr = clWaitForEvents(1, &ev);
-        if (werr != CL_SUCCESS) return ClError(werr, "clWaitForEvents", "a bulk read through host memory");
-        return bulk->Push(remote, size, [&](uint8_t* chunk, size_t off, size_t n) {
-          std::memcpy(chunk, bytes->data() + off, n);
-          return Status::Ok();
-        });
+        Status st = werr == CL_SUCCESS ? Status::Ok() : ClError(werr, "clWaitForEvents", "a bulk read through host memory");
+        if (st.ok()) {
+          st = bulk->Push(remote, size, [&](uint8_t* chunk, size_t off, size_t n) {
+            std::memcpy(chunk, bytes->data() + off, n);
+            return Status::Ok();
+          });
+        }
+        if (st.ok()) landed->Open();
+        else landed->Fail(FailedStatus(st));
+        return st;
       },
       [done] { return Ended(done->get()); });
 }

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <new>
 #include <string>
 #include <utility>
 #include <vector>
@@ -45,19 +46,25 @@ class HostBuffer {
 class HeapHostBuffer final : public HostBuffer {
  public:
   explicit HeapHostBuffer(size_t n) : bytes_(new uint8_t[n]), size_(n) {}
+  // Null where the memory is not there (large transfers, which then take another path).
+  static std::shared_ptr<HeapHostBuffer> TryMake(size_t n) {
+    std::unique_ptr<uint8_t[]> bytes(new (std::nothrow) uint8_t[n]);
+    return bytes ? std::shared_ptr<HeapHostBuffer>(new HeapHostBuffer(std::move(bytes), n)) : nullptr;
+  }
   uint8_t* data() override { return bytes_.get(); }
   size_t size() const override { return size_; }
 
  private:
+  HeapHostBuffer(std::unique_ptr<uint8_t[]> bytes, size_t n) : bytes_(std::move(bytes)), size_(n) {}
   std::unique_ptr<uint8_t[]> bytes_;
   size_t size_;
 };
 
-// The host memory a session's asynchronous transfers hold at once (server-to-server copies,
-// and the client bulk transfers that pass through host memory while a queue may wait on a
-// user event): a transfer takes its size before it allocates, and gives it back when the
-// last holder of its bytes lets them go (Counted) or when it never allocated (Give). Past
-// the cap a transfer takes its blocking path instead. Thread-safe.
+// Host memory that asynchronous transfers hold at once (a session's server-to-server copies;
+// the OpenCL backend's bulk transfers through host memory, under a budget of their own): a
+// transfer takes its size before it allocates, and gives it back when the last holder of its
+// bytes lets them go (Counted) or when it never allocated (Give). Past the cap a transfer
+// takes its blocking path instead. Thread-safe.
 class HostBytesBudget {
  public:
   explicit HostBytesBudget(uint64_t cap) : cap_(cap) {}
@@ -137,16 +144,20 @@ class Backend {
   virtual uint32_t device_count() const = 0;
   // With TANDEM_SERVER_PROFILE=1, at the session's end: the backend's own "profile:" lines.
   virtual void LogProfile() {}
-  void set_bulk(BulkIO* bulk) { bulk_ = bulk; }
+  // The bulk channel of the commands that follow. `client`: the client's own channel, which
+  // outlives every reply of the session (the worker's), so a late reply may still use it; a
+  // server-to-server transfer's (Session::WithBulk) lives only for its command.
+  void set_bulk(BulkIO* bulk, bool client = false) {
+    bulk_ = bulk;
+    bulk_is_client_ = bulk && client;
+  }
   BulkIO* bulk() const { return bulk_; }
-  // The session's budget for host memory held by asynchronous transfers (set once, by the
-  // session; null: the backend takes no such path).
-  void set_host_budget(std::shared_ptr<HostBytesBudget> budget) { host_budget_ = std::move(budget); }
+  bool bulk_is_client() const { return bulk_is_client_; }
   // Host memory for the client bulk channel's staging chunks, where the backend's device
   // copies reach it directly (CUDA: pinned), so a chunk needs no copy of its own on the way
   // between the device and the network. kUnimplemented: the channel allocates its own.
-  // Called inside a transfer: on the executor, or on the session's waiter for a bulk read that
-  // passed through host memory (the channel runs one transfer at a time).
+  // Called inside a transfer, one at a time: on the executor, and for a backend whose bulk
+  // reads may pass through host memory (OpenCL's) also on the session's waiter.
   virtual Result<std::shared_ptr<HostBuffer>> BulkStaging(size_t n) {
     (void)n;
     return Status(Code::kUnimplemented, "the " + name() + " backend has no staging memory of its own");
@@ -262,8 +273,10 @@ class Backend {
   Status ReplyLater(std::function<Status()> wait, std::function<bool()> done) {
     return ReplyLater(DeferredWait{std::move(wait), std::move(done)});
   }
+  // Whether a wait given to ReplyLater runs later, off the executor (else right away).
+  bool deferred_replies_allowed() const { return defer_allowed_; }
   BulkIO* bulk_ = nullptr;
-  std::shared_ptr<HostBytesBudget> host_budget_;
+  bool bulk_is_client_ = false;
 
  private:
   bool defer_allowed_ = false;

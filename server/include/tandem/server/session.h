@@ -288,8 +288,7 @@ class Session {
   };
   std::mutex async_mu_;
   std::vector<AsyncFailure> async_failures_;
-  // Host bytes of asynchronous transfers (copies between servers, and the backend's client
-  // transfers through host memory).
+  // Host bytes of asynchronous copies between servers.
   std::shared_ptr<HostBytesBudget> async_bytes_ = std::make_shared<HostBytesBudget>(kAsyncPeerBudget);
 
   // TANDEM_SERVER_PROFILE=1: time spent on the executor per command, and the latencies of work
