@@ -650,6 +650,36 @@ TEST_F(OpenCLBackendTest, BulkTransfersBehindAUserEventPassThroughHostMemory) {
   be_->AllowDeferredReplies(false);
 }
 
+// An inline write behind a user event keeps its bytes until the write ends, and gives them
+// back when it fails through the event too (PoCL calls no completion callback then); one made
+// with no user event live is not counted.
+TEST_F(OpenCLBackendTest, AnInlineWriteBehindAUserEventGivesItsBytesBackWhenItFails) {
+  auto* cl = dynamic_cast<opencl::OpenCLBackend*>(be_.get());
+  ASSERT_NE(cl, nullptr);
+  constexpr size_t kSize = 4096;
+  Alloc(1, kSize);
+  ir::bytes data(kSize, 9);
+  ir::BufferWriteRep wrep;
+  ir::UserEventSetRep urep;
+  ir::EventCreateRep erep;
+  for (int32_t outcome : {CL_COMPLETE, -42}) {
+    const uint64_t user = outcome == CL_COMPLETE ? 90 : 92;
+    ASSERT_TRUE(be_->OnEventCreate({user, 0, ir::kEventUser}, &erep).ok());
+    Status st = be_->OnBufferWrite({0, 1, 0, kSize, data, {}, {user}, user + 1}, &wrep);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    EXPECT_EQ(cl->watched_write_bytes_in_use(), kSize) << "outcome " << outcome;
+    ASSERT_TRUE(be_->OnUserEventSet({user, outcome}, &urep).ok());
+    for (int i = 0; i < 500 && cl->watched_write_bytes_in_use() != 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_EQ(cl->watched_write_bytes_in_use(), 0u) << "outcome " << outcome;
+    ir::EventDestroyRep drep;
+    ASSERT_TRUE(be_->OnEventDestroy({user}, &drep).ok());
+  }
+  Status st = be_->OnBufferWrite({0, 1, 0, kSize, data, {}, {}, 0}, &wrep);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(cl->watched_write_bytes_in_use(), 0u);
+}
+
 constexpr const char* kKernels = R"(
 typedef struct { int a; float b; } pair_t;
 __kernel void combine(__global int* out, int s, pair_t p, __local int* tmp) {

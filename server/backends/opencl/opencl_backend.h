@@ -18,6 +18,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -281,6 +282,8 @@ class OpenCLBackend : public Backend {
   bool EnqueuedCompleteAlone() const override { return user_events_ == 0 && open_gates_->load() == 0; }
   // Bytes that bulk transfers through host memory hold now (tests).
   uint64_t hosted_bytes_in_use() const { return hosted_bytes_->used(); }
+  // Bytes that writes enqueued behind a live user event or gate keep now (tests).
+  uint64_t watched_write_bytes_in_use() const { return watched_writes_->used(); }
 
   Status OnDeviceInfo(const ir::DeviceInfoReq&, ir::DeviceInfoRep*) override;
   Status OnDeviceSync(const ir::DeviceSyncReq&, ir::DeviceSyncRep*) override;
@@ -431,6 +434,10 @@ class OpenCLBackend : public Backend {
   // session's server-to-server budget so they never push those copies onto their blocking path.
   static constexpr uint64_t kHostedBulkBytes = 1ull << 30;
   std::shared_ptr<HostBytesBudget> hosted_bytes_ = std::make_shared<HostBytesBudget>(kHostedBulkBytes);
+  // What WriteKeeping's writes behind a user event or gate hold: counted only, never refused
+  // (their bytes came with the request, or from another server, and are in memory already).
+  std::shared_ptr<HostBytesBudget> watched_writes_ =
+      std::make_shared<HostBytesBudget>(std::numeric_limits<uint64_t>::max());
   // Guards changes to events_ against OnUserEventSet, which runs on the receive thread;
   // the executor, the only writer, reads without it. Also held from a command's wait-list
   // check to its enqueue (Enqueue::no_failures), so OnUserEventSet fails no event between,

@@ -90,9 +90,16 @@ Status OpenCLBackend::OnBufferWrite(const ir::BufferWriteReq& req, ir::BufferWri
 // Non-blocking, so a write that waits on a user event does not stall the session: `bytes`
 // live until the write's event completes. `watched`: until it ends, failed too, as the
 // EventWatcher sees it; PoCL 3.1 never calls a CL_COMPLETE callback of a command that failed
-// through a user event, which would keep counted bytes (HostedBulk) for good.
+// through a user event, which would keep counted bytes (HostedBulk) for good. Any write made
+// while a user event or gate is live may fail through it, so it is watched too (and counted
+// in watched_writes_); otherwise a completion callback, which costs no poll, frees the bytes.
 Status OpenCLBackend::WriteKeeping(Buffer& b, Enqueue& e, uint64_t offset, std::shared_ptr<HostBuffer> bytes,
                                    std::string_view what, bool watched) {
+  if (!watched && !EnqueuedCompleteAlone()) {
+    watched_writes_->Take(bytes->size());  // no cap: always room
+    bytes = HostBytesBudget::Counted(watched_writes_, std::move(bytes));
+    watched = true;
+  }
   cl_int err = clEnqueueWriteBuffer(e.queue, b.mem.get(), CL_FALSE, offset, bytes->size(), bytes->data(), e.num_wait(),
                                     e.wait_list(), e.event_out(true));
   if (err != CL_SUCCESS) return ClError(err, "clEnqueueWriteBuffer", what);
