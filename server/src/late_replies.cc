@@ -46,8 +46,8 @@ void LateReplies::Push(std::vector<LateReply> late) {
       side_idle_ += spawn;  // counted as idle until they take work
     }
   }
-  // Side threads stay for the session's life: as many as replies were queued for them at
-  // once, up to kMaxSideThreads.
+  // As many side threads as replies were queued for them at once, up to kMaxSideThreads;
+  // past kKeptSideThreads they end once idle (SideLoop).
   for (size_t i = 0; i < spawn; ++i) {
     try {
       std::thread([this] {
@@ -79,7 +79,8 @@ void LateReplies::Push(std::vector<LateReply> late) {
 }
 
 // One idle side thread at a time spins for work as the in-order thread does (a session with a
-// user event or a gate sends every reply this way), the others sleep.
+// user event or a gate sends every reply this way), the others sleep. Past kKeptSideThreads
+// (a burst of replies blocked at once), an idle thread ends after kSideThreadIdle.
 void LateReplies::SideLoop() {
   for (;;) {
     std::shared_ptr<Entry> next;
@@ -89,7 +90,14 @@ void LateReplies::SideLoop() {
     }
     {
       std::unique_lock<std::mutex> lock(mu_);
-      side_cv_.wait(lock, [this] { return !side_queue_.empty(); });
+      const auto has_work = [this] { return !side_queue_.empty(); };
+      if (side_threads_ <= kKeptSideThreads) {
+        side_cv_.wait(lock, has_work);
+      } else if (!side_cv_.wait_for(lock, kSideThreadIdle, has_work)) {
+        --side_threads_;
+        --side_idle_;
+        return;
+      }
       next = std::move(side_queue_.front());
       side_queue_.pop_front();
       side_ready_.store(!side_queue_.empty(), std::memory_order_relaxed);

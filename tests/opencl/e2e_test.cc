@@ -860,6 +860,40 @@ TEST_F(Tandem, ALargeReadBehindAUserEventHoldsNoQuery) {
   g.Release();
 }
 
+// Many large reads behind the gate, more than tandemd once had threads for (64: each such
+// read's reply holds one until its device copy ends), then a blocking read on another queue
+// before the gate opens: answered at once, as natively; then every read lands.
+TEST_F(Tandem, ManyLargeReadsBehindAUserEventHoldNoOtherRead) {
+  const size_t n = 1u << 18;  // 1 MiB each
+  constexpr int kReads = 72;
+  GatedInc g;
+  ASSERT_NO_FATAL_FAILURE(GateInc(n, &g));
+  std::vector<std::vector<int>> backs(kReads, std::vector<int>(n, 0));
+  std::vector<cl_event> reads(kReads, nullptr);
+  for (int i = 0; i < kReads; ++i)
+    ASSERT_EQ(clEnqueueReadBuffer(queue_, g.mem, CL_FALSE, 0, n * sizeof(int), backs[i].data(), 0, nullptr, &reads[i]),
+              CL_SUCCESS);
+  ASSERT_EQ(clFlush(queue_), CL_SUCCESS);
+  cl_int err = CL_SUCCESS;
+  cl_command_queue other = clCreateCommandQueue(context_, device_, 0, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  std::vector<int> small(16, 3), small_back(16, 0);
+  cl_mem s = Buffer(CL_MEM_COPY_HOST_PTR, small.size() * sizeof(int), small.data());
+  EXPECT_EQ(clEnqueueReadBuffer(other, s, CL_TRUE, 0, small.size() * sizeof(int), small_back.data(), 0, nullptr, nullptr),
+            CL_SUCCESS);  // no ASSERT: the gate must open below
+  EXPECT_EQ(small_back, small);
+  ASSERT_EQ(clSetUserEventStatus(g.gate, CL_COMPLETE), CL_SUCCESS);
+  ASSERT_EQ(clWaitForEvents(kReads, reads.data()), CL_SUCCESS);
+  for (int i = 0; i < kReads; ++i) {
+    EXPECT_EQ(backs[i][0], 6) << "read " << i;
+    EXPECT_EQ(backs[i][n - 1], 6) << "read " << i;
+    clReleaseEvent(reads[i]);
+  }
+  clReleaseMemObject(s);
+  clReleaseCommandQueue(other);
+  g.Release();
+}
+
 // What follows a large read on its queue completes only once the read's bytes are in the
 // program's memory: a marker after it, polled from when the gate opens, never says CL_COMPLETE
 // before the last byte has landed (the read's device copy ends well before its bytes do).

@@ -250,6 +250,45 @@ TEST(LateReplies, SideThreadsAreReused) {
   EXPECT_EQ(SideThreads() - before, 1);
 }
 
+// A program that reads back 100 times behind one user event (each read through host memory
+// holds a side thread until its device copy ends), then waits for something else before it
+// sets the event: that wait's reply must not queue behind the blocked ones (at 64 side threads
+// it did, for ever). After the burst, the threads past kKeptSideThreads end.
+TEST(LateReplies, ManyBlockedRepliesDoNotHoldOneThatCanLeave) {
+  auto wire = std::make_shared<Wire>();
+  LateReplies* lr = Started(wire);
+  const int before = SideThreads();
+  auto user_event = std::make_shared<Gate>();
+  constexpr int kBlocked = 100;
+  std::vector<LateReply> batch;
+  for (int i = 0; i < kBlocked; ++i) batch.push_back(Reply(i, user_event->Wait(), true));
+  lr->Push(std::move(batch));
+  std::vector<LateReply> other;
+  other.push_back(Reply(200, Now(), true));
+  lr->Push(std::move(other));
+  std::vector<Sent> sent = wire->AtLeast(1);
+  ASSERT_EQ(sent.size(), 1u) << "a reply that can leave waited behind " << kBlocked << " blocked ones";
+  EXPECT_EQ(sent[0].id, 200);
+  user_event->Release();
+  sent = wire->AtLeast(kBlocked + 1);
+  ASSERT_EQ(sent.size(), static_cast<size_t>(kBlocked + 1));
+  for (int i = 0; i < 1000 && !lr->Idle(); ++i) std::this_thread::sleep_for(1ms);
+  EXPECT_TRUE(lr->Idle());
+  int extra = SideThreads() - before;
+  for (int i = 0; i < 100 && extra > static_cast<int>(LateReplies::kKeptSideThreads); ++i) {
+    std::this_thread::sleep_for(50ms);
+    extra = SideThreads() - before;
+  }
+  EXPECT_LE(extra, static_cast<int>(LateReplies::kKeptSideThreads));
+  // The ones kept still serve.
+  std::vector<LateReply> again;
+  again.push_back(Reply(201, Now(), true));
+  lr->Push(std::move(again));
+  sent = wire->AtLeast(kBlocked + 2);
+  ASSERT_EQ(sent.size(), static_cast<size_t>(kBlocked + 2));
+  EXPECT_EQ(sent.back().id, 201);
+}
+
 // Run in the caller's order (the worker before its waiter starts): the reply carries its errors.
 TEST(LateReplies, ARunReplyCarriesItsOwnErrors) {
   LateReply r = Reply(7, Now(), false, {3, 4});

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -45,10 +46,12 @@ struct LateReply {
 // - A reply that may block (LateReply::may_block) runs on a side thread (tdm-wait-ue) that
 //   has nothing else to do, so the replies after it go on: a program's other thread may set
 //   the user event only once its own clFinish has returned. Side threads start when replies
-//   are queued for them and none is idle, up to kMaxSideThreads, and then stay; with all of
-//   them blocked on user events, the next such reply waits for one of them, and so do the
-//   replies after it whose order it decides (a program with that many threads waiting at
-//   once).
+//   are queued for them and none is idle, up to kMaxSideThreads (a bound on what one session
+//   may cost the host, not a count a program is expected to reach: each read through host
+//   memory behind a user event holds one until its device copy ends); kKeptSideThreads of
+//   them stay for the session's life, the others end after kSideThreadIdle without work.
+//   With all of them blocked on user events, the next such reply waits for one of them, and
+//   so do the replies after it whose order it decides.
 // - A reply leaves once every earlier reply whose device work is done (DeferredWait::done)
 //   has left: its completion may imply theirs (a read's bytes must be there before a later
 //   wait on its queue returns), while work not done yet cannot be implied by it.
@@ -61,7 +64,9 @@ class LateReplies {
   // work before it sleeps); null: no spin.
   using Spin = std::function<void(const std::atomic<bool>& ready)>;
 
-  static constexpr size_t kMaxSideThreads = 64;
+  static constexpr size_t kMaxSideThreads = 4096;
+  static constexpr size_t kKeptSideThreads = 16;
+  static constexpr std::chrono::milliseconds kSideThreadIdle{500};
 
   explicit LateReplies(Send send, Spin spin = nullptr);
   // Starts the in-order thread (detached: a wait on a user event that is never set must not
