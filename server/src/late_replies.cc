@@ -25,7 +25,7 @@ void LateReplies::Start() {
 
 void LateReplies::Push(std::vector<LateReply> late) {
   size_t spawn = 0;
-  bool side = false;
+  size_t side = 0;  // replies queued for the side threads
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (LateReply& l : late) {
@@ -34,7 +34,7 @@ void LateReplies::Push(std::vector<LateReply> late) {
       e->late = std::move(l);
       open_.push_back(e);
       pending_.fetch_add(1);
-      side |= e->late.may_block;
+      side += e->late.may_block ? 1 : 0;
       if (e->late.may_block)
         side_queue_.push_back(std::move(e));
       else
@@ -58,8 +58,13 @@ void LateReplies::Push(std::vector<LateReply> late) {
       std::lock_guard<std::mutex> lock(mu_);
       side_threads_ -= spawn - i;
       side_idle_ -= spawn - i;
-      log::Error("late replies: cannot start a thread ({}); {} run replies that may wait for a user event",
-                 err.what(), side_threads_ ? fmt::format("{} side threads", side_threads_) : std::string("the in-order thread"));
+      if (!start_failure_logged_) {  // once: a session at the host's thread limit would log each push
+        start_failure_logged_ = true;
+        log::Error("late replies: cannot start a thread ({}); {} run replies that may wait for a user event "
+                   "(the host's thread limit bounds them, not kMaxSideThreads)",
+                   err.what(),
+                   side_threads_ ? fmt::format("{} side threads", side_threads_) : std::string("the in-order thread"));
+      }
       if (side_threads_ == 0) {  // nothing else would run them: in order, by index, with the rest
         for (auto& e : side_queue_) queue_.push_back(std::move(e));
         side_queue_.clear();
@@ -70,7 +75,8 @@ void LateReplies::Push(std::vector<LateReply> late) {
   }
   if (side) {
     side_ready_.store(true, std::memory_order_release);
-    side_cv_.notify_all();
+    // One wake-up per reply: a burst may have left hundreds of threads idle.
+    for (size_t i = 0; i < side; ++i) side_cv_.notify_one();
   }
   // After the lock: a spinning waiter that saw the flag inside it would block on the mutex,
   // and its wake-up would cost this thread a system call. The flag only ends its spin.
@@ -90,13 +96,18 @@ void LateReplies::SideLoop() {
     }
     {
       std::unique_lock<std::mutex> lock(mu_);
-      const auto has_work = [this] { return !side_queue_.empty(); };
-      if (side_threads_ <= kKeptSideThreads) {
-        side_cv_.wait(lock, has_work);
-      } else if (!side_cv_.wait_for(lock, kSideThreadIdle, has_work)) {
-        --side_threads_;
-        --side_idle_;
-        return;
+      // Whether to end is decided at the deadline, against the count then: the threads of a
+      // burst all come back while it is high, and only those past kKeptSideThreads may go.
+      const auto until = std::chrono::steady_clock::now() + kSideThreadIdle;
+      while (side_queue_.empty()) {
+        if (side_threads_ <= kKeptSideThreads) {
+          side_cv_.wait(lock);
+        } else if (side_cv_.wait_until(lock, until) == std::cv_status::timeout && side_queue_.empty() &&
+                   side_threads_ > kKeptSideThreads) {
+          --side_threads_;
+          --side_idle_;
+          return;
+        }
       }
       next = std::move(side_queue_.front());
       side_queue_.pop_front();

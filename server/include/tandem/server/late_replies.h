@@ -99,6 +99,7 @@ class LateReplies {
   std::deque<std::shared_ptr<Entry>> side_queue_;  // replies that may block, for the side threads
   size_t side_threads_ = 0;                   // started
   size_t side_idle_ = 0;                      // of those, not running a reply
+  bool start_failure_logged_ = false;         // a side thread could not start (logged once)
   std::atomic<bool> side_ready_{false};       // side_queue_ may not be empty: ends a side spin
   std::atomic<bool> side_spinning_{false};    // an idle side thread spins (one at most)
   std::deque<std::shared_ptr<Entry>> open_;   // handed over and not sent, by index
