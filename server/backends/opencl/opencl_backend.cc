@@ -234,8 +234,13 @@ Status OpenCLBackend::Prepare(uint64_t stream, uint32_t device, const ir::u64s& 
       return Status::Invalid(fmt::format("signal {:#x} is a live user event", signal));
   }
   e->signal = signal;
-  // OpenCL wait lists must share the queue's context: other devices' events are waited
-  // for here, on the host, before the command is enqueued.
+  // OpenCL wait lists must share the queue's context (one per device here). Another device's
+  // event that ends by itself (nothing enqueued waits for a user event or gate) is waited for
+  // here, on the host, before the command is enqueued: the command is then submitted at once,
+  // which NVIDIA's OpenCL does late for one behind a user event. Otherwise it might wait for
+  // what only a later command of the session sets (the program's query before it sets a user
+  // event) and hold the executor for ever: a stand-in gate in this device's context takes its
+  // place, set by the event watcher when the event ends, failed if it fails.
   std::vector<std::pair<uint64_t, cl_event>> same_device;
   for (uint64_t h : wait) {
     auto ev = Find(events_, h, "event");
@@ -246,8 +251,16 @@ Status OpenCLBackend::Prepare(uint64_t stream, uint32_t device, const ir::u64s& 
       same_device.emplace_back(h, ce);
       continue;
     }
-    cl_int err = clWaitForEvents(1, &ce);
-    if (err != CL_SUCCESS) return ClError(err, "clWaitForEvents", fmt::format("event {:#x} of another device", h));
+    if (EnqueuedCompleteAlone()) {
+      cl_int err = clWaitForEvents(1, &ce);
+      if (err != CL_SUCCESS) return ClError(err, "clWaitForEvents", fmt::format("event {:#x} of another device", h));
+      continue;
+    }
+    auto stand_in = StandIn(h, ce, device);
+    if (!stand_in.ok()) return stand_in.status();
+    if (!stand_in.value()) continue;  // complete already
+    same_device.emplace_back(h, stand_in.value()->get());
+    e->stand_ins.push_back(std::move(stand_in.value()));
   }
   if (same_device.empty()) return Status::Ok();
   // A command enqueued after an event of its wait list failed never runs nor ends on PoCL
@@ -277,6 +290,31 @@ Status OpenCLBackend::Prepare(uint64_t stream, uint32_t device, const ir::u64s& 
   }
   if (after_wait_check_) after_wait_check_();
   return Status::Ok();
+}
+
+Result<std::shared_ptr<Gate>> OpenCLBackend::StandIn(uint64_t handle, cl_event event, uint32_t device) {
+  cl_int status = CL_COMPLETE;
+  cl_int err = clGetEventInfo(event, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, nullptr);
+  if (err != CL_SUCCESS) return ClError(err, "clGetEventInfo", fmt::format("event {:#x} of another device", handle));
+  if (status == CL_COMPLETE) return std::shared_ptr<Gate>();
+  if (status < 0)
+    return ClError(CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST, "enqueue",
+                   fmt::format("event {:#x} of another device failed (status {}); the command does not run", handle,
+                               status));
+  auto gate = Gate::Make(devices_[device].context.get(), open_gates_, events_mu_owner_,
+                         "a stand-in for another device's event");
+  if (!gate.ok()) return gate.status();
+  err = clRetainEvent(event);
+  if (err != CL_SUCCESS) return ClError(err, "clRetainEvent", fmt::format("event {:#x} of another device", handle));
+  // A failed event's status is negative; anything else the watcher reports (an event that
+  // cannot be asked about) fails the stand-in too.
+  EventWatcher::Get().Watch(event, [g = gate.value()](cl_int st) {
+    if (st == CL_COMPLETE)
+      g->Open();
+    else
+      g->Fail(st < 0 ? st : CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST);
+  });
+  return gate;
 }
 
 void OpenCLBackend::Complete(Enqueue& e) {

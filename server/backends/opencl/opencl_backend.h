@@ -161,6 +161,8 @@ struct Event {
   bool user = false;
 };
 
+class Gate;
+
 // One enqueue's queue, resolved wait list and signal, prepared before the OpenCL call.
 struct Enqueue {
   cl_command_queue queue = nullptr;
@@ -173,6 +175,9 @@ struct Enqueue {
   // Enqueue): no event of the wait list is failed by OnUserEventSet or a server-to-server
   // gate in between. Never held across a wait.
   std::unique_lock<std::mutex> no_failures;
+  // Stand-ins in the wait list for other devices' events (Prepare), alive until the enqueue
+  // call has taken its reference: the watcher that sets one may drop its own before.
+  std::vector<std::shared_ptr<Gate>> stand_ins;
   // The enqueue call is made, or a wait follows: OnUserEventSet may fail events again.
   void EndFailureCheck() {
     if (no_failures.owns_lock()) no_failures.unlock();
@@ -369,6 +374,9 @@ class OpenCLBackend : public Backend {
 
   // Resolves stream (0: the device's default queue), wait list and signal for `device`.
   Status Prepare(uint64_t stream, uint32_t device, const ir::u64s& wait, uint64_t signal, Enqueue* e);
+  // A gate in `device`'s context that the event watcher sets when `event` (of another device)
+  // ends; null when it has already completed, an error when it has failed.
+  Result<std::shared_ptr<Gate>> StandIn(uint64_t handle, cl_event event, uint32_t device);
   // Binds the command's event to its signal handle (or releases it when there is none).
   void Complete(Enqueue& e);
   // Waits on the host for a prepared wait list (used where a chunked copy must not block
