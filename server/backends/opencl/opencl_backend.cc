@@ -301,11 +301,18 @@ Result<std::shared_ptr<Gate>> OpenCLBackend::StandIn(uint64_t handle, cl_event e
     return ClError(CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST, "enqueue",
                    fmt::format("event {:#x} of another device failed (status {}); the command does not run", handle,
                                status));
+  // The watcher only asks about the event: its queue is flushed here (clWaitForEvents did that
+  // before), or NVIDIA's OpenCL may never submit what it stands for.
+  cl_command_queue q = nullptr;
+  if (clGetEventInfo(event, CL_EVENT_COMMAND_QUEUE, sizeof q, &q, nullptr) == CL_SUCCESS && q) clFlush(q);
+  err = clRetainEvent(event);  // before the gate: one never set would count as open for good
+  if (err != CL_SUCCESS) return ClError(err, "clRetainEvent", fmt::format("event {:#x} of another device", handle));
   auto gate = Gate::Make(devices_[device].context.get(), open_gates_, events_mu_owner_,
                          "a stand-in for another device's event");
-  if (!gate.ok()) return gate.status();
-  err = clRetainEvent(event);
-  if (err != CL_SUCCESS) return ClError(err, "clRetainEvent", fmt::format("event {:#x} of another device", handle));
+  if (!gate.ok()) {
+    clReleaseEvent(event);
+    return gate.status();
+  }
   // A failed event's status is negative; anything else the watcher reports (an event that
   // cannot be asked about) fails the stand-in too.
   EventWatcher::Get().Watch(event, [g = gate.value()](cl_int st) {

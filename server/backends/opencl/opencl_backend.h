@@ -287,6 +287,8 @@ class OpenCLBackend : public Backend {
   bool EnqueuedCompleteAlone() const override { return user_events_ == 0 && open_gates_->load() == 0; }
   // Bytes that bulk transfers through host memory hold now (tests).
   uint64_t hosted_bytes_in_use() const { return hosted_bytes_->used(); }
+  // Gates of ours not yet set or failed (tests).
+  int open_gates() const { return open_gates_->load(); }
   // Bytes that writes enqueued behind a live user event or gate keep now (tests).
   uint64_t watched_write_bytes_in_use() const { return watched_writes_->used(); }
 
